@@ -1,0 +1,28 @@
+# `make test` and `make serve` are the only two commands a new machine needs.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test lint serve bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	# torch first, pinned, so nothing resolves a newer CUDA build
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+serve: $(STAMP)
+	$(VENV)/bin/serve run serve_config.yaml
+
+clean:
+	rm -rf $(VENV)

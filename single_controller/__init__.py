@@ -1,0 +1,1 @@
+"""HybridFlow single-controller library: one controller drives groups of Ray actor workers."""

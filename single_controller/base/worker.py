@@ -1,0 +1,98 @@
+"""The base class of every worker process in a group.
+
+A worker learns its place in the group from environment variables the group sets
+when it starts the process (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), so ``torch.distributed``'s
+``env://`` rendezvous works as it does under torchrun.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from single_controller.rendezvous import node_ip_address, pick_rendezvous
+
+
+class Worker:
+    """A rank of a worker group. Subclass it and decorate the subclass with ``@ray.remote``.
+
+    The rank attributes are set in ``__new__`` so they are there even before a
+    subclass's ``__init__`` runs (the tutorial's workers read ``self.rank`` in it).
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        instance = super().__new__(cls)
+        instance._configure_from_env()
+        return instance
+
+    def __init__(self, cuda_visible_devices: str | None = None) -> None:
+        if cuda_visible_devices is not None:
+            self._cuda_visible_devices = cuda_visible_devices
+
+    def _configure_from_env(self) -> None:
+        env = os.environ
+        self._rank = int(env.get("RANK", "0"))
+        self._world_size = int(env.get("WORLD_SIZE", "1"))
+        self._local_rank = int(env.get("LOCAL_RANK", "0"))
+        self._local_world_size = int(env.get("LOCAL_WORLD_SIZE", "1"))
+        if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+            # A lone worker (or rank 0 started by hand) hosts its own rendezvous.
+            addr, port = pick_rendezvous()
+            env.setdefault("MASTER_ADDR", addr)
+            env.setdefault("MASTER_PORT", str(port))
+        self._master_addr = env["MASTER_ADDR"]
+        self._master_port = env["MASTER_PORT"]
+        self._cuda_visible_devices = env.get("CUDA_VISIBLE_DEVICES", "")
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self._local_rank
+
+    @property
+    def local_world_size(self) -> int:
+        return self._local_world_size
+
+    def get_master_addr_port(self) -> tuple[str, str]:
+        """The group's torch.distributed rendezvous address and port."""
+        return self._master_addr, self._master_port
+
+    def get_cuda_visible_devices(self) -> str:
+        """CUDA_VISIBLE_DEVICES as this process sees it ("" when no GPU is assigned)."""
+        return os.environ.get("CUDA_VISIBLE_DEVICES", self._cuda_visible_devices)
+
+    def get_node_id(self) -> str | None:
+        """The Ray node this worker runs on (None outside Ray)."""
+        try:
+            import ray
+
+            return ray.get_runtime_context().get_node_id()
+        except Exception:
+            return None
+
+    # Underscored methods are the group's plumbing, never exposed as user methods.
+    def _get_rank_info(self) -> dict[str, Any]:
+        from single_controller.device import get_device_name
+
+        return {
+            "rank": self._rank,
+            "world_size": self._world_size,
+            "local_rank": self._local_rank,
+            "local_world_size": self._local_world_size,
+            "node_id": self.get_node_id(),
+            "node_ip": node_ip_address(),
+            "pid": os.getpid(),
+            "cuda_visible_devices": self.get_cuda_visible_devices(),
+            "device": get_device_name(),
+        }
+
+    def _ping(self) -> int:
+        return self._rank

@@ -1,0 +1,18 @@
+"""The tutorial's import path: ``from single_controller.ray.base import RayResourcePool,
+RayClassWithInitArgs, RayWorkerGroup, merge_resource_pool``."""
+
+from single_controller.ray.resource_pool import (
+    RayResourcePool,
+    ResourceUnavailableError,
+    merge_resource_pool,
+)
+from single_controller.ray.worker_group import GroupLayout, RayClassWithInitArgs, RayWorkerGroup
+
+__all__ = [
+    "GroupLayout",
+    "RayClassWithInitArgs",
+    "RayResourcePool",
+    "RayWorkerGroup",
+    "ResourceUnavailableError",
+    "merge_resource_pool",
+]

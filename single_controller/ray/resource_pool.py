@@ -1,0 +1,207 @@
+"""Ray resource pools: one STRICT_PACK placement group per node entry.
+
+Every group built on a pool (or on a merge of pools) places rank ``r`` in bundle
+``r``, so ranks of different groups on one pool share that bundle's GPU. A pool the
+cluster cannot hold fails fast with what was asked and what the cluster has, never
+an endless pending placement group (verl's "program stuck" report).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
+
+from single_controller.base.worker_group import ResourcePool
+
+#: CPUs a bundle reserves when not told otherwise: small, so the tutorial's 8 bundles
+#: and a Serve application fit on a 2-core machine. Processes still share real cores.
+DEFAULT_CPUS_PER_BUNDLE = 0.1
+
+
+class ResourceUnavailableError(RuntimeError):
+    """The cluster cannot place a resource pool."""
+
+
+def _fmt(resources: dict[str, float]) -> str:
+    keys = [k for k in ("CPU", "GPU") if k in resources] + sorted(
+        k
+        for k in resources
+        if k not in ("CPU", "GPU") and not k.startswith(("node:", "bundle_group", "memory", "object_store"))
+    )
+    return "{" + ", ".join(f"{k}: {resources[k]:g}" for k in keys) + "}"
+
+
+class RayResourcePool(ResourcePool):
+    """``RayResourcePool([4], use_gpu=True)``: 4 processes on one node, a GPU each.
+
+    ``max_colocate_count`` is how many groups may share one bundle: each actor
+    reserves ``1/max_colocate_count`` of its bundle's GPU and CPUs.
+    """
+
+    def __init__(
+        self,
+        process_on_nodes: Sequence[int] | None = None,
+        use_gpu: bool = True,
+        name_prefix: str | None = None,
+        max_colocate_count: int = 10,
+        detached: bool = False,
+        accelerator_type: str | None = None,
+        num_cpus_per_bundle: float = DEFAULT_CPUS_PER_BUNDLE,
+        placement_timeout_s: float = 30.0,
+    ) -> None:
+        super().__init__(process_on_nodes, max_colocate_count)
+        if num_cpus_per_bundle < 0:
+            raise ValueError(f"num_cpus_per_bundle must be >= 0, got {num_cpus_per_bundle}")
+        self.use_gpu = bool(use_gpu)
+        self.name_prefix = name_prefix or ""
+        self.detached = detached
+        self.accelerator_type = accelerator_type
+        self.num_cpus_per_bundle = float(num_cpus_per_bundle)
+        self.placement_timeout_s = float(placement_timeout_s)
+        self.pgs: list[PlacementGroup] | None = None
+
+    # -- what each actor asks of its bundle -----------------------------------------
+    def bundle(self) -> dict[str, float]:
+        bundle: dict[str, float] = {"CPU": self.num_cpus_per_bundle}
+        if self.use_gpu:
+            bundle["GPU"] = 1.0
+        if self.accelerator_type:
+            bundle[f"accelerator_type:{self.accelerator_type}"] = 0.001
+        return bundle
+
+    def actor_num_cpus(self) -> float:
+        return self.num_cpus_per_bundle / self.max_colocate_count
+
+    def actor_num_gpus(self) -> float:
+        return 1.0 / self.max_colocate_count if self.use_gpu else 0.0
+
+    # -- placement ------------------------------------------------------------------
+    def get_placement_groups(
+        self, strategy: str = "STRICT_PACK", name: str | None = None
+    ) -> list[PlacementGroup]:
+        """Create (once) and return the placement groups, ordered by node."""
+        if self.pgs is not None:
+            return self.pgs
+        if not self._store:
+            raise ValueError("resource pool has no processes: process_on_nodes is empty")
+        self._check_feasible()
+        prefix = name or f"{self.name_prefix}sc_pool"
+        lifetime = "detached" if self.detached else None
+        bundle = self.bundle()
+        pgs = [
+            placement_group(
+                bundles=[dict(bundle) for _ in range(count)],
+                strategy=strategy,
+                name=f"{prefix}_{count}:{index}",
+                lifetime=lifetime,
+            )
+            for index, count in enumerate(self._store)
+        ]
+        ready, _ = ray.wait(
+            [pg.ready() for pg in pgs], num_returns=len(pgs), timeout=self.placement_timeout_s
+        )
+        if len(ready) < len(pgs):
+            for pg in pgs:
+                remove_placement_group(pg)
+            raise ResourceUnavailableError(
+                f"{self._asked()} could not be placed within {self.placement_timeout_s:g} s; "
+                f"{self._cluster_has()}; available now {_fmt(ray.available_resources())} "
+                "(other pools or actors may hold the rest)"
+            )
+        self._order_by_node(pgs)
+        return self.pgs
+
+    def _order_by_node(self, pgs: list[PlacementGroup]) -> None:
+        """Order placement groups (and their process counts) by node address, so ranks
+        are numbered node by node."""
+        addresses = {n["NodeID"]: n.get("NodeManagerAddress", "") for n in ray.nodes()}
+
+        def node_key(item: tuple[int, PlacementGroup]) -> tuple[str, str, int]:
+            index, pg = item
+            node_id = placement_group_table(pg).get("bundles_to_node_id", {}).get(0, "")
+            return addresses.get(node_id, ""), node_id, index
+
+        order = sorted(enumerate(pgs), key=node_key)
+        self.pgs = [pg for _, pg in order]
+        self._store = [self._store[index] for index, _ in order]
+
+    def _asked(self) -> str:
+        return (
+            f"resource pool {self.name_prefix or '(unnamed)'} with process_on_nodes={self._store} "
+            f"(bundles of {_fmt(self.bundle())}, one node each entry)"
+        )
+
+    def _cluster_has(self) -> str:
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        per_node = ", ".join(_fmt(n.get("Resources", {})) for n in nodes)
+        return f"the cluster has {_fmt(ray.cluster_resources())} on {len(nodes)} node(s): [{per_node}]"
+
+    def _check_feasible(self) -> None:
+        """Fail now when no node could ever hold an entry, or the cluster's total is short."""
+        bundle = self.bundle()
+        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+        totals = ray.cluster_resources()
+        problems = []
+        for key, amount in bundle.items():
+            needed = amount * self.world_size
+            if totals.get(key, 0.0) + 1e-9 < needed:
+                problems.append(f"{needed:g} {key} in all")
+        for count in set(self._store):
+            if not any(all(res.get(k, 0.0) + 1e-9 >= v * count for k, v in bundle.items()) for res in nodes):
+                problems.append(f"{count} bundles on one node")
+        if problems:
+            hint = (
+                " Use use_gpu=False on a cluster without GPUs."
+                if self.use_gpu and not totals.get("GPU")
+                else ""
+            )
+            raise ResourceUnavailableError(
+                f"{self._asked()} needs {' and '.join(problems)}, but {self._cluster_has()}.{hint}"
+            )
+
+    def remove(self) -> None:
+        """Release the placement groups (and with them any actor still in them)."""
+        for pg in self.pgs or []:
+            try:
+                remove_placement_group(pg)
+            except Exception:  # already gone with the cluster
+                pass
+        self.pgs = None
+
+
+def merge_resource_pool(rp1: RayResourcePool, rp2: RayResourcePool) -> RayResourcePool:
+    """A pool spanning both pools' bundles: groups on it share their GPUs with groups on
+    ``rp1`` (ranks ``0..n1-1``) and ``rp2`` (the rest)."""
+    if rp1.use_gpu != rp2.use_gpu:
+        raise ValueError("cannot merge a GPU pool with a CPU pool (use_gpu differs)")
+    if rp1.max_colocate_count != rp2.max_colocate_count:
+        raise ValueError("cannot merge pools with different max_colocate_count")
+    pgs = rp1.get_placement_groups() + rp2.get_placement_groups()
+    merged = RayResourcePool(
+        rp1.store + rp2.store,
+        use_gpu=rp1.use_gpu,
+        name_prefix=f"{rp1.name_prefix}_{rp2.name_prefix}",
+        max_colocate_count=rp1.max_colocate_count,
+        detached=rp1.detached,
+        num_cpus_per_bundle=rp1.num_cpus_per_bundle,
+    )
+    merged.pgs = pgs
+    return merged
+
+
+def cluster_gpu_count() -> float:
+    """GPUs (real or logical) the connected cluster declares."""
+    return float(ray.cluster_resources().get("GPU", 0.0))
+
+
+def pool_kwargs_for_cluster() -> dict[str, Any]:
+    """``use_gpu`` chosen from what the cluster has."""
+    return {"use_gpu": cluster_gpu_count() > 0}

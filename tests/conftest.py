@@ -1,0 +1,31 @@
+"""One Ray cluster for the whole test session: worker processes import torch and take
+seconds each to start, so tests share the cluster and, where they can, the groups."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+#: Logical GPUs the test cluster declares, so GPU scheduling and sharing run on CPU.
+TEST_CLUSTER_GPUS = 8
+TEST_CLUSTER_CPUS = 4
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=TEST_CLUSTER_CPUS,
+            num_gpus=TEST_CLUSTER_GPUS,
+            include_dashboard=False,
+            log_to_driver=False,
+            namespace="single_controller_tests",
+        )
+    yield ray
+    ray.shutdown()
