@@ -6,7 +6,7 @@ import random
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import ray
@@ -82,12 +82,26 @@ def _collect_task(collect_fn: Callable, layout: GroupLayout, padding: int, *outp
     return unpad_output(collect_fn(layout, list(outputs)), padding)
 
 
+class RankCoords(NamedTuple):
+    """A rank's position in a 3D layout, as dispatch functions read it."""
+
+    tp_rank: int
+    dp_rank: int
+    pp_rank: int
+    cp_rank: int = 0
+
+    @classmethod
+    def of(cls, info: Any) -> RankCoords:
+        return cls(info.tp_rank, info.dp_rank, info.pp_rank, getattr(info, "cp_rank", 0))
+
+
 @dataclass
 class GroupLayout:
-    """A picklable snapshot of what dispatch and collect functions read from a group."""
+    """A picklable snapshot of what dispatch and collect functions read from a group
+    (rank coordinates are plain tuples, so any process can unpickle it)."""
 
     world_size: int
-    rank_infos: list[Any] = field(default_factory=list)
+    rank_infos: list[RankCoords] = field(default_factory=list)
     tp_size: int = 1
     dp_size: int = 1
     pp_size: int = 1

@@ -1,0 +1,334 @@
+"""RayWorkerGroup on a real Ray cluster: rendezvous, GPU sharing, every dispatch mode,
+errors, futures, ordering under concurrent callers, and failing fast on pools."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+import ray
+import torch
+from tensordict import TensorDict
+
+from single_controller.base import Worker
+from single_controller.base.decorator import (
+    Dispatch,
+    DispatchError,
+    Execute,
+    register,
+    register_dispatch_mode,
+)
+from single_controller.ray import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    ResourceUnavailableError,
+)
+
+
+@ray.remote
+class ModeWorker(Worker):
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: list = []
+
+    def echo(self, x=None):
+        return (self.rank, x)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def one_to_all(self, x):
+        return (self.rank, x)
+
+    @register(Dispatch.ALL_TO_ALL)
+    def all_to_all(self, x):
+        return (self.rank, x)
+
+    @register(Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def rank_zero(self, x):
+        return (self.rank, x)
+
+    @register(Dispatch.DP_COMPUTE)
+    def dp_compute(self, x):
+        return (self.rank, x)
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def dp_proto(self, batch):
+        return TensorDict({"x": batch["x"] * 10, "rank": torch.full((batch.batch_size[0],), self.rank)},
+                          batch_size=batch.batch_size)
+
+    @register(Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def dp_proto_async(self, batch):
+        return TensorDict({"x": batch["x"] + 1}, batch_size=batch.batch_size)
+
+    @register(Dispatch.MEGATRON_COMPUTE)
+    def megatron_compute(self, x):
+        return (self.rank, x)
+
+    @register(Dispatch.MEGATRON_COMPUTE_PROTO)
+    def megatron_proto(self, batch):
+        return TensorDict({"x": batch["x"] * 2}, batch_size=batch.batch_size)
+
+    @register(Dispatch.MEGATRON_PP_AS_DP)
+    def pp_as_dp(self, x):
+        return (self.rank, x)
+
+    @register(Dispatch.MEGATRON_PP_ONLY)
+    def pp_only(self, x):
+        return (self.rank, x)
+
+    @register(Dispatch.ALL_MICRO_DP)
+    def micro_dp(self, batch):
+        return TensorDict({"x": batch["x"] - 1}, batch_size=batch.batch_size)
+
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def one_to_all_async(self, x):
+        return self.rank + x
+
+    @register(Dispatch.ONE_TO_ALL)
+    def append(self, item):
+        self.history.append(item)
+        return len(self.history)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def get_history(self):
+        return list(self.history)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def size_of(self, t):
+        return int(t.numel())
+
+    def all_reduce_rank(self):
+        import torch.distributed as dist
+
+        from single_controller.device import get_dist_backend
+
+        if not dist.is_initialized():
+            dist.init_process_group(backend=get_dist_backend(), init_method="env://")
+        t = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(t)
+        return t.item()
+
+
+@dataclass
+class Info:
+    tp_rank: int
+    dp_rank: int
+    pp_rank: int
+    cp_rank: int = 0
+
+
+class LayoutGroup(RayWorkerGroup):
+    """A plain group that reports a Megatron-style layout (no Megatron needed)."""
+
+    def set_layout(self, tp: int, dp: int, pp: int, micro_dp_group_size: int = 1) -> None:
+        assert tp * dp * pp == self.world_size
+        self.tp_size, self.dp_size, self.pp_size, self.cp_size = tp, dp, pp, 1
+        self.micro_dp_group_size = micro_dp_group_size
+        self._infos = [Info(r % tp, (r // tp) % dp, r // (tp * dp)) for r in range(self.world_size)]
+
+    def get_megatron_rank_info(self, rank: int) -> Info:
+        return self._infos[rank]
+
+
+@pytest.fixture(scope="module")
+def cpu_pool(ray_cluster):
+    pool = RayResourcePool([4], use_gpu=False, name_prefix="modes")
+    yield pool
+    pool.remove()
+
+
+@pytest.fixture(scope="module")
+def group(cpu_pool):
+    g = LayoutGroup(cpu_pool, RayClassWithInitArgs(cls=ModeWorker))
+    g.set_layout(tp=2, dp=2, pp=1)
+    yield g
+    g.shutdown()
+
+
+def test_one_to_all_and_all_to_all(group):
+    assert group.one_to_all(x=7) == [(r, 7) for r in range(4)]
+    assert group.all_to_all(x=["a", "b", "c", "d"]) == [(0, "a"), (1, "b"), (2, "c"), (3, "d")]
+
+
+def test_rank_zero_execute(group):
+    assert group.rank_zero(x=[1, 2]) == (0, [1, 2])
+
+
+def test_dp_compute(group):
+    assert group.dp_compute([10, 11, 12, 13]) == [(0, 10), (1, 11), (2, 12), (3, 13)]
+    with pytest.raises(ValueError, match=r"dp_compute: positional argument 0 .*expected length 4, got 2"):
+        group.dp_compute([1, 2])
+
+
+def test_dp_compute_proto_pads_and_unpads(group):
+    batch = TensorDict({"x": torch.arange(6.0)}, batch_size=[6])
+    out = group.dp_proto(batch)
+    assert out.batch_size[0] == 6
+    assert out["x"].tolist() == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0]
+    # 6 rows padded to 8: two rows per rank
+    assert out["rank"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3][:6]
+    assert batch["x"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_megatron_compute_on_a_reported_layout(group):
+    group.set_layout(tp=2, dp=2, pp=1)
+    assert group.megatron_compute(["dp0", "dp1"]) == [(0, "dp0"), (2, "dp1")]
+    with pytest.raises(ValueError, match=r"megatron_compute: .*one item per dp rank: expected length 2, got 4"):
+        group.megatron_compute([1, 2, 3, 4])
+    batch = TensorDict({"x": torch.arange(4.0)}, batch_size=[4])
+    assert group.megatron_proto(batch)["x"].tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_megatron_pp_modes(group):
+    group.set_layout(tp=2, dp=1, pp=2)
+    try:
+        assert group.pp_as_dp(["s0", "s1"]) == [(0, "s0"), (2, "s1")]
+        assert group.pp_only(x="w") == [(0, "w"), (2, "w")]
+        group.set_layout(tp=1, dp=2, pp=2)
+        # (dp, pp) positions in dispatch order: (0,0)->r0, (0,1)->r2, (1,0)->r1, (1,1)->r3
+        assert group.pp_as_dp(["A", "B", "C", "D"]) == [(0, "A"), (2, "B"), (1, "C"), (3, "D")]
+    finally:
+        group.set_layout(tp=2, dp=2, pp=1)
+
+
+def test_all_micro_dp(group):
+    group.micro_dp_group_size = 2
+    batch = TensorDict({"x": torch.arange(4.0)}, batch_size=[4])
+    assert group.micro_dp(batch)["x"].tolist() == [-1.0, 0.0, 1.0, 2.0]
+
+
+def test_non_blocking_calls_return_futures(group):
+    futures = group.one_to_all_async(x=100)
+    assert all(isinstance(f, ray.ObjectRef) for f in futures)
+    assert ray.get(futures) == [100, 101, 102, 103]
+    batch = TensorDict({"x": torch.arange(5.0)}, batch_size=[5])
+    future = group.dp_proto_async(batch)
+    assert isinstance(future, ray.ObjectRef)
+    assert ray.get(future)["x"].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    refs = group.execute_all_async("echo", x=1)
+    assert ray.get(refs) == [(r, 1) for r in range(4)]
+
+
+def test_execute_all_rules_and_errors(group):
+    assert group.execute_all_sync("echo", x=[1, 2, 3, 4]) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert group.execute_all_sync("echo", x=(1, 2)) == [(r, (1, 2)) for r in range(4)]
+    with pytest.raises(ValueError, match=r"echo: .*'x'.*expected 4 .*got 3"):
+        group.execute_all_sync("echo", [0, 0, 0, 0], x=[1, 2, 3])
+    with pytest.raises(AttributeError, match="ModeWorker has no method 'nope'"):
+        group.execute_all_sync("nope")
+
+
+def test_calls_from_many_threads_keep_one_order_on_every_rank(group):
+    threads = [
+        threading.Thread(target=lambda t=t: [group.append(item=f"{t}-{i}") for i in range(25)]) for t in range(8)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    histories = group.get_history()
+    assert len(histories[0]) == 200
+    assert all(h == histories[0] for h in histories)
+
+
+def test_large_inputs_go_to_the_object_store_once(group):
+    group.set_layout(tp=2, dp=2, pp=1)
+    before = group.object_store_puts
+    big = [torch.zeros(64 * 1024), torch.ones(64 * 1024)]
+    out = group.megatron_compute(big)
+    assert [int(rank) for rank, _ in out] == [0, 2]
+    assert group.object_store_puts - before == 2  # one per dp item, not one per rank
+    before = group.object_store_puts
+    assert group.size_of(t=torch.zeros(32 * 1024)) == [32 * 1024] * 4
+    assert group.object_store_puts - before == 1
+
+
+def test_custom_registered_dispatch_mode_on_a_group(cpu_pool):
+    def reversed_dispatch(wg, *args, **kwargs):
+        return tuple(list(reversed(a)) for a in args), {k: list(reversed(v)) for k, v in kwargs.items()}
+
+    def sum_collect(wg, outputs):
+        return sum(outputs)
+
+    mode = register_dispatch_mode("TEST_REVERSED_SUM", reversed_dispatch, sum_collect)
+
+    @ray.remote
+    class Scaler(Worker):
+        @register(mode)
+        def scale(self, x):
+            return x * (self.rank + 1)
+
+    g = RayWorkerGroup(cpu_pool, RayClassWithInitArgs(cls=Scaler))
+    try:
+        # rank r gets x[3 - r]: 4*1 + 3*2 + 2*3 + 1*4
+        assert g.scale(x=[1, 2, 3, 4]) == 20
+    finally:
+        g.shutdown()
+
+
+def test_rendezvous_serves_torch_distributed(ray_cluster):
+    pool = RayResourcePool([2], use_gpu=False, name_prefix="dist")
+    g = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ModeWorker))
+    try:
+        assert g.execute_all_sync("all_reduce_rank") == [3.0, 3.0]
+        addrs = g.execute_all_sync("get_master_addr_port")
+        assert addrs[0] == addrs[1] and int(addrs[0][1]) > 0
+        info = g.rank_info()
+        assert [i["rank"] for i in info] == [0, 1]
+        assert info[0]["node_id"] == ray.get_runtime_context().get_node_id()
+        assert info[0]["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+        g.check_health(timeout_s=10)
+    finally:
+        g.shutdown()
+        pool.remove()
+
+
+def test_groups_on_one_pool_share_its_gpus(ray_cluster):
+    pool = RayResourcePool([2], use_gpu=True, name_prefix="share")
+    a = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ModeWorker))
+    b = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ModeWorker))
+    try:
+        devices_a = a.execute_all_sync("get_cuda_visible_devices")
+        devices_b = b.execute_all_sync("get_cuda_visible_devices")
+        assert devices_a == devices_b
+        assert all(d != "" for d in devices_a) and devices_a[0] != devices_a[1]
+    finally:
+        a.shutdown()
+        b.shutdown()
+        pool.remove()
+
+
+def test_impossible_pool_fails_fast_with_what_was_asked(ray_cluster):
+    start = time.monotonic()
+    with pytest.raises(ResourceUnavailableError) as info:
+        RayResourcePool([16], use_gpu=True, name_prefix="huge").get_placement_groups()
+    message = str(info.value)
+    assert "process_on_nodes=[16]" in message and "16 GPU" in message and "GPU: 8" in message
+    assert time.monotonic() - start < 60
+
+
+def test_pool_that_cannot_be_placed_now_times_out(ray_cluster):
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    hog = placement_group([{"GPU": 8}], strategy="STRICT_PACK")
+    ray.get(hog.ready(), timeout=30)
+    try:
+        start = time.monotonic()
+        with pytest.raises(ResourceUnavailableError, match="could not be placed within 2 s"):
+            RayResourcePool([1], use_gpu=True, placement_timeout_s=2).get_placement_groups()
+        assert time.monotonic() - start < 60
+    finally:
+        remove_placement_group(hog)
+
+
+def test_pool_arguments_are_validated():
+    with pytest.raises(ValueError, match="positive integers"):
+        RayResourcePool([0])
+    with pytest.raises(ValueError, match="positive integers"):
+        RayResourcePool([2, "x"])
+
+
+def test_registered_dispatch_error_is_a_value_error():
+    assert issubclass(DispatchError, ValueError)
