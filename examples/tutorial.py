@@ -1,5 +1,7 @@
 """The verl Ray tutorial, replayed end to end on this library.
 
+The worker classes are the tutorial's, in ``single_controller/models/tutorial_workers.py``.
+
 Runs unchanged on a CPU machine and on a GPU node: the only change from the tutorial
 is the device (``get_device_name()``: cuda when present, else cpu) and, where the
 cluster has no GPUs, pools with ``use_gpu=False``.
@@ -18,93 +20,19 @@ os.environ.setdefault("MEGATRON_START_PROCESS_TIMER", "False")
 os.environ.setdefault("NCCL_DEBUG", "WARN")
 
 import ray  # noqa: E402
-import torch  # noqa: E402
 
-from single_controller.base import Worker  # noqa: E402
-from single_controller.device import get_device_name  # noqa: E402
+from single_controller.models.tutorial_workers import (  # noqa: E402
+    Accumulator,
+    GPUAccumulator,
+    GPUAccumulatorDecorator,
+    TestActor,
+)
 from single_controller.ray.base import (  # noqa: E402
     RayClassWithInitArgs,
     RayResourcePool,
     RayWorkerGroup,
     merge_resource_pool,
 )
-from single_controller.ray.decorator import Dispatch, Execute, collect_all_to_all, register  # noqa: E402
-
-DEVICE = get_device_name()
-
-
-@ray.remote
-class Accumulator:
-    def __init__(self):
-        self.value = 0
-
-    def add(self, x):
-        self.value += x
-
-    def get_value(self):
-        return self.value
-
-
-@ray.remote
-class GPUAccumulator(Worker):
-    def __init__(self) -> None:
-        super().__init__()
-        # The initial value of each rank is the same as the rank
-        self.value = torch.zeros(size=(1,), device=DEVICE) + self.rank
-
-    def add(self, x):
-        self.value += x
-        print(f"rank {self.rank}, value: {self.value}")
-        return self.value.cpu()
-
-    def get_value(self):
-        return self.value.cpu()
-
-
-@ray.remote
-class GPUAccumulatorDecorator(Worker):
-    def __init__(self) -> None:
-        super().__init__()
-        self.value = torch.zeros(size=(1,), device=DEVICE) + self.rank
-
-    # map from a single input to all the worker
-    @register(Dispatch.ONE_TO_ALL)
-    def add(self, x):
-        print(x)
-        self.value = self.value + x
-        print(f"rank {self.rank}, value: {self.value}")
-        return self.value.cpu()
-
-
-def two_to_all_dispatch_fn(worker_group, *args, **kwargs):
-    """Assume the input is a list of 2. Duplicate the input interleaved and pass to each worker."""
-    for arg in args:
-        assert len(arg) == 2
-        for i in range(worker_group.world_size - 2):
-            arg.append(arg[i % 2])
-    for _k, v in kwargs.items():
-        assert len(v) == 2
-        for i in range(worker_group.world_size - 2):
-            v.append(v[i % 2])
-    return args, kwargs
-
-
-@ray.remote
-class TestActor(Worker):
-    def __init__(self, x) -> None:
-        super().__init__()
-        self._x = x
-
-    def foo(self, y):
-        return self._x + y
-
-    @register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
-    def foo_rank_zero(self, x, y):
-        return self._x + y + x
-
-    @register(dispatch_mode={"dispatch_fn": two_to_all_dispatch_fn, "collect_fn": collect_all_to_all})
-    def foo_custom(self, x, y):
-        return self._x + y + x
 
 
 def run_tutorial(use_gpu: bool) -> dict:

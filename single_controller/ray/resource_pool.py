@@ -67,6 +67,44 @@ class RayResourcePool(ResourcePool):
         self.num_cpus_per_bundle = float(num_cpus_per_bundle)
         self.placement_timeout_s = float(placement_timeout_s)
         self.pgs: list[PlacementGroup] | None = None
+        #: Per placement group, the bundle that holds local rank 0 (non-zero when the
+        #: pool is a slice of a placement group someone else made, e.g. a Serve replica's).
+        self.bundle_offsets: list[int] = [0] * len(self._store)
+        self._owns_pgs = True
+
+    @classmethod
+    def from_placement_group(
+        cls,
+        pg: PlacementGroup,
+        process_count: int,
+        first_bundle: int = 0,
+        use_gpu: bool = False,
+        name_prefix: str | None = None,
+        max_colocate_count: int = 10,
+    ) -> RayResourcePool:
+        """A pool on bundles ``first_bundle .. first_bundle + process_count - 1`` of an
+        existing placement group (one node), which the pool never removes. Serve
+        deployments use it to run their workers in the replica's own placement group,
+        so Serve sees, schedules and releases those resources with the replica."""
+        bundles = placement_group_table(pg).get("bundles", {})
+        wanted = range(first_bundle, first_bundle + process_count)
+        if bundles and any(index not in bundles for index in wanted):
+            raise ValueError(
+                f"placement group has bundles {sorted(bundles)}, a pool of {process_count} from "
+                f"bundle {first_bundle} needs {list(wanted)}"
+            )
+        cpus = min((bundles.get(i, {}).get("CPU", 0.0) for i in wanted), default=0.0)
+        pool = cls(
+            [process_count],
+            use_gpu=use_gpu,
+            name_prefix=name_prefix,
+            max_colocate_count=max_colocate_count,
+            num_cpus_per_bundle=cpus,
+        )
+        pool.pgs = [pg]
+        pool.bundle_offsets = [first_bundle]
+        pool._owns_pgs = False
+        return pool
 
     # -- what each actor asks of its bundle -----------------------------------------
     def bundle(self) -> dict[str, float]:
@@ -132,6 +170,7 @@ class RayResourcePool(ResourcePool):
         order = sorted(enumerate(pgs), key=node_key)
         self.pgs = [pg for _, pg in order]
         self._store = [self._store[index] for index, _ in order]
+        self.bundle_offsets = [0] * len(self.pgs)
 
     def _asked(self) -> str:
         return (
@@ -168,8 +207,8 @@ class RayResourcePool(ResourcePool):
             )
 
     def remove(self) -> None:
-        """Release the placement groups (and with them any actor still in them)."""
-        for pg in self.pgs or []:
+        """Release the placement groups it made (and with them any actor still in them)."""
+        for pg in (self.pgs or []) if self._owns_pgs else []:
             try:
                 remove_placement_group(pg)
             except Exception:  # already gone with the cluster
@@ -194,6 +233,8 @@ def merge_resource_pool(rp1: RayResourcePool, rp2: RayResourcePool) -> RayResour
         num_cpus_per_bundle=rp1.num_cpus_per_bundle,
     )
     merged.pgs = pgs
+    merged.bundle_offsets = rp1.bundle_offsets + rp2.bundle_offsets
+    merged._owns_pgs = False  # the parts own them
     return merged
 
 

@@ -186,6 +186,7 @@ class RayWorkerGroup(WorkerGroup):
         )
         cls_name = user_class(cls_with_init.cls).__name__
         rank = 0
+        offsets = pool.bundle_offsets
         for pg_index, (pg, local_world_size) in enumerate(zip(pgs, pool.store, strict=True)):
             for local_rank in range(local_world_size):
                 env = {
@@ -201,7 +202,7 @@ class RayWorkerGroup(WorkerGroup):
                 name = f"{self.name_prefix}{cls_name}_{pg_index}:{local_rank}"
                 actor = cls_with_init(
                     placement_group=pg,
-                    placement_group_bundle_idx=local_rank,
+                    placement_group_bundle_idx=offsets[pg_index] + local_rank,
                     use_gpu=pool.use_gpu,
                     num_gpus=pool.actor_num_gpus(),
                     num_cpus=pool.actor_num_cpus(),
