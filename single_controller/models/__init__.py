@@ -1,0 +1,1 @@
+"""Worker classes and models that run inside worker groups."""
