@@ -21,6 +21,7 @@ def ray_cluster():
 
     if not ray.is_initialized():
         ray.init(
+            address="local",  # never attach to a cluster another test or a user started
             num_cpus=TEST_CLUSTER_CPUS,
             num_gpus=TEST_CLUSTER_GPUS,
             include_dashboard=False,

@@ -1,0 +1,1 @@
+"""Megatron-core workers: torch.distributed + model-parallel state inside a worker group."""
