@@ -1,0 +1,93 @@
+"""Turning a call's HTTP body into arguments, and a call's output into a body.
+
+JSON bodies are ``{"args": [...], "kwargs": {...}}`` with tensors as OIP tensor
+objects; safetensors bodies carry keyword tensors (list items as ``name.0``, ...).
+Client bytes are only ever parsed as JSON or safetensors, never unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from pydantic import ValidationError
+
+from app.errors import ApiError
+from app.schemas import CallRequest
+from app.tensor_codec import (
+    TensorCodecError,
+    decode_json_value,
+    decode_safetensors,
+    encode_json_value,
+    encode_safetensors,
+    pack_output,
+    unpack_call,
+)
+
+JSON = "application/json"
+SAFETENSORS = "application/x-safetensors"
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} is out of range for a 64-bit float")
+    return value
+
+
+def loads_strict(body: bytes) -> Any:
+    """JSON without NaN/Infinity and without numbers that overflow a float."""
+    try:
+        return json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ApiError(400, f"body is not valid JSON: {exc}") from None
+
+
+def media_type(header: str | None) -> str:
+    return (header or "").split(";", 1)[0].strip().lower()
+
+
+def parse_call_body(content_type: str | None, body: bytes) -> tuple[list, dict]:
+    """``(args, kwargs)`` of a call, tensors decoded to torch."""
+    kind = media_type(content_type)
+    if kind == SAFETENSORS:
+        try:
+            return [], unpack_call(decode_safetensors(body))
+        except TensorCodecError as exc:
+            raise ApiError(400, f"bad safetensors body: {exc}") from None
+    if kind not in (JSON, "") and not kind.endswith("+json"):
+        raise ApiError(415, f"unsupported Content-Type {kind!r}: send {JSON} or {SAFETENSORS}")
+    payload = loads_strict(body) if body.strip() else {}
+    try:
+        request = CallRequest.model_validate(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        raise ApiError(422, f"invalid call body at {where}: {first.get('msg')}") from None
+    try:
+        return decode_json_value(request.args), decode_json_value(request.kwargs)
+    except TensorCodecError as exc:
+        raise ApiError(422, str(exc)) from None
+
+
+def wants_safetensors(accept: str | None) -> bool:
+    return SAFETENSORS in (accept or "").lower()
+
+
+def output_as_json(output: Any) -> Any:
+    try:
+        return encode_json_value(output)
+    except TensorCodecError as exc:
+        raise ApiError(500, f"output cannot be encoded as JSON: {exc}") from None
+
+
+def output_as_safetensors(output: Any) -> bytes:
+    try:
+        return encode_safetensors(pack_output(output))
+    except TensorCodecError as exc:
+        raise ApiError(406, f"output cannot be sent as safetensors ({exc}); ask for {JSON}") from None

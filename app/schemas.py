@@ -1,0 +1,84 @@
+"""Request and response bodies of the /v1 API (they also make up the OpenAPI schema)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TensorJSON(BaseModel):
+    """A tensor in the Open Inference Protocol's vocabulary; ``data`` is flat, row-major."""
+
+    datatype: str = Field(..., examples=["FP32"], description="BOOL, UINT8, INT8..INT64, FP16, BF16, FP32, FP64")
+    shape: list[int] = Field(..., examples=[[1]])
+    data: list[Any] = Field(..., examples=[[1.0]])
+
+
+class CallRequest(BaseModel):
+    """Positional and keyword arguments of a worker-group method call. A value may be a
+    JSON value, a tensor object (``{"datatype", "shape", "data"}``), or lists of them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    args: list[Any] = Field(default_factory=list, examples=[[]])
+    kwargs: dict[str, Any] = Field(default_factory=dict, examples=[{"x": [1, 1, 1, 1]}])
+
+
+class CallResponse(BaseModel):
+    group: str
+    method: str
+    dispatch_mode: str = Field(..., description="registered dispatch mode, or EXECUTE_ALL for unregistered methods")
+    execute_mode: str
+    world_size: int
+    output: Any = Field(
+        ...,
+        description="collected result: a list by rank (ALL collects), one value (RANK_ZERO), one item per dp rank "
+        "(MEGATRON_COMPUTE); tensors as tensor objects",
+    )
+
+
+class MethodDescription(BaseModel):
+    name: str
+    dispatch_mode: str
+    execute_mode: str
+    registered: bool
+
+
+class GroupSummary(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    world_size: int | None
+    resource_pool: str
+    worker_class: str
+    status: str = Field(..., description="starting, ready, rebuilding or failed")
+    methods: list[MethodDescription]
+
+
+class RankDetail(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    rank: int
+    local_rank: int
+    node_id: str | None = None
+    tp_rank: int | None = None
+    dp_rank: int | None = None
+    pp_rank: int | None = None
+
+
+class GroupDetail(GroupSummary):
+    ranks: list[RankDetail] = Field(default_factory=list)
+
+
+class GroupList(BaseModel):
+    groups: list[GroupSummary]
+
+
+class ErrorResponse(BaseModel):
+    error: str
+
+
+class Health(BaseModel):
+    status: str
+    groups: dict[str, bool] = Field(default_factory=dict)

@@ -1,0 +1,58 @@
+"""Where a GroupController meets Ray Serve: async entry points for the ingress's
+handle calls, Serve's health check, and release of the workers on shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import ray
+
+from deployments.group_controller import GroupController
+from single_controller.ray import RayResourcePool
+
+
+def replica_pool(
+    first_bundle: int, process_count: int, use_gpu: bool, name_prefix: str | None = None
+) -> RayResourcePool:
+    """A pool on the replica's own placement group when Serve gave it one (the deployment
+    declared ``placement_group_bundles``), else a pool with placement groups of its own."""
+    pg = ray.util.get_current_placement_group()
+    if pg is None:
+        return RayResourcePool([process_count], use_gpu=use_gpu, name_prefix=name_prefix)
+    return RayResourcePool.from_placement_group(
+        pg, process_count, first_bundle=first_bundle, use_gpu=use_gpu, name_prefix=name_prefix
+    )
+
+
+class ServedController(GroupController):
+    """Base of the Serve deployments. Blocking work runs in threads so one slow call
+    never stalls the replica's event loop (or its health check)."""
+
+    async def handle_call(
+        self, group: str, method: str, args: list, kwargs: dict, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        outcome = await asyncio.to_thread(self.call, group, method, tuple(args), kwargs, idempotency_key)
+        return dict(vars(outcome))  # shallow: outputs may be hundreds of MiB
+
+    async def handle_io_spec(self, group: str) -> dict[str, Any]:
+        """Input and output tensors of a group served as an inference model (none here)."""
+        return {}
+
+    async def handle_describe(self) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.describe)
+
+    async def handle_describe_group(self, group: str) -> dict[str, Any] | None:
+        return await asyncio.to_thread(self.describe_group, group)
+
+    async def handle_ready(self) -> dict[str, bool]:
+        return self.ready()
+
+    async def check_health(self) -> None:
+        """Serve's health check: ping every worker (with a timeout); a group that does not
+        answer is rebuilt in the background. The replica itself stays up, so the other
+        groups keep serving."""
+        await asyncio.to_thread(self.check_groups)
+
+    def __del__(self) -> None:
+        self.shutdown()

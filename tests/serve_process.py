@@ -1,0 +1,87 @@
+"""Start ``serve run serve_config.yaml`` as a user would, wait until it is ready, stop it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "serve_config.yaml"
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServeProcess:
+    """``serve run`` in a fresh local Ray cluster of its own (the machine's resources)."""
+
+    def __init__(self, config: Path = CONFIG, env: dict[str, str] | None = None, overrides: str = "") -> None:
+        self.port = 8000 if port_free(8000) and not overrides else free_port()
+        self.config = config
+        if self.port != 8000 or overrides:
+            # Same config, another port (8000 is taken here) and any test overrides.
+            text = config.read_text().replace("port: 8000", f"port: {self.port}")
+            text = text.replace("    args:\n", f"    args:\n{overrides}", 1) if overrides else text
+            handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=ROOT)
+            handle.write(text)
+            handle.close()
+            self.config = Path(handle.name)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "RAY_ADDRESS": "local", "RAY_DEDUP_LOGS": "0", **(env or {})}
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 600.0) -> ServeProcess:
+        serve_bin = Path(sys.executable).parent / "serve"
+        self.proc = subprocess.Popen(
+            [str(serve_bin), "run", str(self.config)],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve run exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        self.stop()
+        raise TimeoutError(f"service not ready within {timeout_s:g} s:\n{self.tail()}")
+
+    def tail(self, lines: int = 60) -> str:
+        self.log.flush()
+        return "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            # Ctrl-C: serve run shuts Serve down and stops the Ray it started.
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        if self.config != CONFIG:
+            self.config.unlink(missing_ok=True)

@@ -1,0 +1,240 @@
+"""End to end: `serve run serve_config.yaml` started as a user would, driven with httpx.
+
+The first test replays the tutorial in its order on the fresh service; later tests use
+state the tutorial leaves or groups it does not mutate.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.serve_process import ServeProcess
+
+httpx = pytest.importorskip("httpx")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+
+@pytest.fixture(scope="module")
+def service():
+    proc = ServeProcess().start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def http(service):
+    with httpx.Client(base_url=service.url, timeout=300) as client:
+        yield client
+
+
+def call(http, group, method, **body):
+    response = http.post(f"/v1/groups/{group}/{method}", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def tensor_values(output):
+    values = []
+    for item in output:
+        assert item["datatype"] == "FP32" and item["shape"] == [1], item
+        values.append(item["data"][0])
+    return values
+
+
+def test_tutorial_in_order_over_http(http):
+    # Chapter 1: the plain accumulator
+    assert call(http, "accumulator", "get_value")["output"] == 0
+    assert call(http, "accumulator", "add", args=[10])["output"] is None
+    assert call(http, "accumulator", "get_value")["output"] == 10
+    # Chapter 2
+    answer = call(http, "gpu_accumulator", "add", kwargs={"x": [1, 1, 1, 1]})
+    assert answer["group"] == "gpu_accumulator" and answer["method"] == "add"
+    assert answer["world_size"] == 4 and answer["dispatch_mode"] == "EXECUTE_ALL"
+    assert tensor_values(answer["output"]) == [1, 2, 3, 4]
+    assert tensor_values(call(http, "gpu_accumulator_a", "add", kwargs={"x": [2] * 4})["output"]) == [2, 3, 4, 5]
+    merged = call(http, "gpu_accumulator_merge", "add", kwargs={"x": [3] * 8})
+    assert tensor_values(merged["output"]) == [3, 4, 5, 6, 7, 8, 9, 10]
+    sizes = {g["name"]: g["world_size"] for g in http.get("/v1/groups").json()["groups"]}
+    assert (sizes["gpu_accumulator"], sizes["gpu_accumulator_a"], sizes["gpu_accumulator_merge"]) == (4, 4, 8)
+    # Chapter 3
+    decorated = call(http, "gpu_accumulator_decorator", "add", kwargs={"x": 10})
+    assert decorated["dispatch_mode"] == "ONE_TO_ALL"
+    assert tensor_values(decorated["output"]) == list(range(10, 18))
+    custom = call(http, "test_actor", "foo_custom", kwargs={"x": [1, 2], "y": [5, 6]})
+    assert custom["output"] == [8, 10, 8, 10]
+    assert custom["dispatch_mode"].startswith("custom:")
+    rank_zero = call(http, "test_actor", "foo_rank_zero", kwargs={"x": 1, "y": 2})
+    assert rank_zero["output"] == 5 and rank_zero["execute_mode"] == "RANK_ZERO"
+    assert call(http, "test_actor", "foo", kwargs={"y": 3})["output"] == [5, 5, 5, 5]
+
+
+def test_tensor_objects_in_requests(http):
+    one = {"datatype": "FP32", "shape": [1], "data": [0.5]}
+    out = call(http, "test_actor", "foo", kwargs={"y": one})["output"]
+    assert [o["data"] for o in out] == [[2.5]] * 4
+
+
+def test_group_listing_and_details(http):
+    groups = {g["name"]: g for g in http.get("/v1/groups").json()["groups"]}
+    assert set(groups) >= {
+        "accumulator", "gpu_accumulator", "gpu_accumulator_a", "gpu_accumulator_merge",
+        "gpu_accumulator_decorator", "test_actor", "mlp",
+    }
+    methods = {m["name"]: m for m in groups["test_actor"]["methods"]}
+    assert methods["foo_rank_zero"]["dispatch_mode"] == "ALL_TO_ALL"
+    assert methods["foo_rank_zero"]["execute_mode"] == "RANK_ZERO"
+    assert methods["foo"]["dispatch_mode"] == "EXECUTE_ALL"
+    mlp_methods = {m["name"]: m["dispatch_mode"] for m in groups["mlp"]["methods"]}
+    assert mlp_methods == {"init_model": "ONE_TO_ALL", "get_weights": "ONE_TO_ALL", "run_layer": "MEGATRON_COMPUTE"}
+    merged = http.get("/v1/groups/gpu_accumulator_merge").json()
+    assert [r["local_rank"] for r in merged["ranks"]] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert all(r["node_id"] for r in merged["ranks"])
+    mlp = http.get("/v1/groups/mlp").json()
+    assert [r["tp_rank"] for r in mlp["ranks"]] == [0, 1, 2, 3]
+    assert {r["dp_rank"] for r in mlp["ranks"]} == {0} and {r["pp_rank"] for r in mlp["ranks"]} == {0}
+    assert (mlp["tp_size"], mlp["dp_size"], mlp["pp_size"]) == (4, 1, 1)
+
+
+def test_safetensors_request_and_answer(http):
+    body = safetensors_torch.save({"y": torch.tensor([3.0])})
+    response = http.post(
+        "/v1/groups/test_actor/foo",
+        content=body,
+        headers={"Content-Type": "application/x-safetensors", "Accept": "application/x-safetensors"},
+    )
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("application/x-safetensors")
+    out = safetensors_torch.load(response.content)
+    assert sorted(out) == [f"output.{r}" for r in range(4)]
+    assert all(out[f"output.{r}"].tolist() == [5.0] for r in range(4))
+
+
+SMALL = {"hidden_size": 64, "intermediate_size": 128, "hidden_act": "silu", "pretraining_tp": 1, "tp": 4}
+
+
+def from_json(obj):
+    dtype = {"FP32": np.float32}[obj["datatype"]]
+    return torch.from_numpy(np.asarray(obj["data"], dtype=dtype).reshape(obj["shape"]))
+
+
+def to_json(t):
+    return {"datatype": "FP32", "shape": list(t.shape), "data": t.flatten().tolist()}
+
+
+def reference_mlp(weights, x):
+    """Unsharded forward from the tp shards: down(silu(gate(x)) * up(x))."""
+    y = torch.zeros(x.shape[:-1] + (SMALL["hidden_size"],), dtype=torch.float64)
+    for shard in weights:
+        gate_up = from_json(shard["gate_up_proj.weight"]).double()
+        gate, up = gate_up.chunk(2, dim=0)
+        down = from_json(shard["down_proj.weight"]).double()
+        y += (torch.nn.functional.silu(x.double() @ gate.T) * (x.double() @ up.T)) @ down.T
+    return y
+
+
+@pytest.fixture(scope="module")
+def small_layer(http):
+    call(http, "mlp", "init_model", kwargs={"config": SMALL})
+    weights = call(http, "mlp", "get_weights")["output"]
+    assert len(weights) == 4
+    assert from_json(weights[0]["gate_up_proj.weight"]).shape == (2 * 128 // 4, 64)
+    assert from_json(weights[0]["down_proj.weight"]).shape == (64, 128 // 4)
+    return weights
+
+
+def assert_close(y, ref):
+    err = (y.double() - ref).norm() / ref.norm()
+    assert err <= 1e-5, err
+
+
+def test_mlp_layer_through_json(http, small_layer):
+    x = torch.rand(8, 2, 64)
+    answer = call(http, "mlp", "run_layer", args=[[to_json(x)]])
+    assert answer["dispatch_mode"] == "MEGATRON_COMPUTE" and len(answer["output"]) == 1
+    y = from_json(answer["output"][0])
+    assert y.shape == (8, 2, 64)
+    assert_close(y, reference_mlp(small_layer, x))
+
+
+def test_mlp_layer_through_safetensors(http, small_layer):
+    x = torch.rand(4, 3, 64)
+    response = http.post(
+        "/v1/groups/mlp/run_layer",
+        content=safetensors_torch.save({"x.0": x}),
+        headers={"Content-Type": "application/x-safetensors", "Accept": "application/x-safetensors"},
+    )
+    assert response.status_code == 200, response.text
+    y = safetensors_torch.load(response.content)["output.0"]
+    assert_close(y, reference_mlp(small_layer, x))
+
+
+def test_mlp_layer_through_oip_json(http, small_layer):
+    x = torch.rand(5, 2, 64)
+    meta = http.get("/v2/models/mlp").json()
+    assert meta["inputs"][0]["name"] == "x" and meta["inputs"][0]["shape"] == [-1, -1, 64]
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [5, 2, 64], "data": x.flatten().tolist()}]}
+    response = http.post("/v2/models/mlp/infer", json=body)
+    assert response.status_code == 200, response.text
+    (out,) = response.json()["outputs"]
+    assert out["name"] == "y" and out["shape"] == [5, 2, 64]
+    assert_close(from_json(out), reference_mlp(small_layer, x))
+
+
+def test_tritonclient_against_v2(service, small_layer):
+    tritonclient = pytest.importorskip("tritonclient.http")
+    client = tritonclient.InferenceServerClient(service.url.removeprefix("http://"))
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("mlp")
+    assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
+    x = np.random.rand(6, 2, 64).astype(np.float32)
+    inp = tritonclient.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)  # binary by default
+    result = client.infer("mlp", [inp], outputs=[tritonclient.InferRequestedOutput("y")])
+    y = result.as_numpy("y")
+    assert y.shape == (6, 2, 64)
+    assert_close(torch.from_numpy(y), reference_mlp(small_layer, torch.from_numpy(x)))
+    # defaults: no requested outputs at all
+    y2 = client.infer("mlp", [inp]).as_numpy("y")
+    assert np.allclose(y, y2)
+
+
+def test_errors_are_json_with_status(http):
+    cases = [
+        (http.post("/v1/groups/nope/add", json={}), 404),
+        (http.post("/v1/groups/test_actor/nope", json={}), 404),
+        (http.post("/v1/groups/test_actor/__init__", json={}), 404),
+        (http.post("/v1/groups/test_actor/execute_all_sync", json={}), 404),
+        (http.post("/v1/groups/test_actor/_configure_from_env", json={}), 404),
+        (http.post("/v1/groups/gpu_accumulator/add", json={"kwargs": {"x": [1, 1, 1]}}), 422),
+        (http.post("/v1/groups/test_actor/foo", content=b"{not json", headers={"Content-Type": "application/json"}), 400),
+        (http.post("/v1/groups/test_actor/foo", content=b"\x80\x04K\x01.", headers={"Content-Type": "application/python-pickle"}), 415),
+        (http.post("/v1/groups/test_actor/foo", content=b"garbage", headers={"Content-Type": "application/x-safetensors"}), 400),
+        (http.post("/v1/groups/test_actor/foo", content=b'{"kwargs": {"y": NaN}}', headers={"Content-Type": "application/json"}), 400),
+        (http.post("/v1/groups/test_actor/foo", json={"kwargs": {"y": {"datatype": "FP32", "shape": [2], "data": [1.0]}}}), 422),
+        (http.get("/v1/groups/nope"), 404),
+        (http.get("/no/such/route"), 404),
+        (http.get("/v2/models/nope"), 404),
+    ]
+    for response, status in cases:
+        assert response.status_code == status, (response.request.url, response.text)
+        assert isinstance(response.json()["error"], str) and response.json()["error"]
+    # the failed add changed nothing
+    values = tensor_values(call(http, "gpu_accumulator", "get_value")["output"])
+    assert values == [1, 2, 3, 4]
+
+
+def test_health_and_openapi(http):
+    assert http.get("/healthz").status_code == 200
+    assert http.get("/readyz").status_code == 200
+    assert http.get("/v2/health/live").status_code == 200
+    assert http.get("/v2/health/ready").status_code == 200
+    spec = http.get("/openapi.json").json()
+    paths = spec["paths"]
+    for path in ("/healthz", "/readyz", "/v1/groups", "/v1/groups/{group}", "/v1/groups/{group}/{method}",
+                 "/v2", "/v2/models/{model}", "/v2/models/{model}/infer"):
+        assert path in paths, path
+    body = paths["/v1/groups/{group}/{method}"]["post"]["requestBody"]["content"]
+    assert "application/json" in body and "application/x-safetensors" in body
