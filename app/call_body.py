@@ -40,10 +40,17 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _int64(text: str) -> int:
+    value = int(text)
+    if not -(1 << 63) <= value < (1 << 63):
+        raise ValueError(f"integer {text[:40]}{'...' if len(text) > 40 else ''} is out of the 64-bit range")
+    return value
+
+
 def loads_strict(body: bytes) -> Any:
-    """JSON without NaN/Infinity and without numbers that overflow a float."""
+    """JSON without NaN/Infinity and without numbers that overflow a float or an int64."""
     try:
-        return json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
+        return json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_int64)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ApiError(400, f"body is not valid JSON: {exc}") from None
 
@@ -70,7 +77,7 @@ def parse_call_body(content_type: str | None, body: bytes) -> tuple[list, dict]:
         where = ".".join(str(p) for p in first.get("loc", ())) or "body"
         raise ApiError(422, f"invalid call body at {where}: {first.get('msg')}") from None
     try:
-        return decode_json_value(request.args), decode_json_value(request.kwargs)
+        return decode_json_value(request.args, "args"), decode_json_value(request.kwargs, "kwargs")
     except TensorCodecError as exc:
         raise ApiError(422, str(exc)) from None
 

@@ -45,6 +45,10 @@ class ServiceSettings(BaseModel):
     auth_token: str | None = Field(
         None, description="when set (or SC_AUTH_TOKEN is), every route but health checks needs 'Bearer <token>'"
     )
+    deployments: list[Literal["accumulators", "test_actor", "mlp"]] = Field(
+        default_factory=lambda: ["accumulators", "test_actor", "mlp"],
+        description="controller deployments to run",
+    )
     mlp: MLPSettings = MLPSettings()
     oip_models: dict[str, OIPModel] = Field(
         default_factory=lambda: {"mlp": OIPModel(controller="mlp", group="mlp", method="run_layer")}

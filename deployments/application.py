@@ -56,27 +56,31 @@ def build(args: dict[str, Any] | None = None) -> Application:
     settings = ServiceSettings.from_args(args)
     gpus = GpuBudget(settings.use_gpu)
     timeout = settings.request_timeout_s
+    wanted = set(settings.deployments)
+    controllers: dict[str, Application] = {}
 
-    use_gpu = gpus.take(settings.mlp.tp)
-    mlp = MLPDeployment.options(**_placement(settings, settings.mlp.tp, use_gpu)).bind(
-        use_gpu=use_gpu,
-        request_timeout_s=timeout,
-        tp=settings.mlp.tp,
-        layer={
-            "hidden_size": settings.mlp.hidden_size,
-            "intermediate_size": settings.mlp.intermediate_size,
-            "hidden_act": settings.mlp.hidden_act,
-        },
-    )
-    use_gpu = gpus.take(accumulators.WORKER_BUNDLES)
-    accumulator_app = AccumulatorsDeployment.options(
-        **_placement(settings, accumulators.WORKER_BUNDLES, use_gpu)
-    ).bind(use_gpu=use_gpu, request_timeout_s=timeout)
-    use_gpu = gpus.take(test_actor.WORKER_BUNDLES)
-    test_actor_app = TestActorDeployment.options(**_placement(settings, test_actor.WORKER_BUNDLES, use_gpu)).bind(
-        use_gpu=use_gpu, request_timeout_s=timeout
-    )
-    controllers = {"accumulators": accumulator_app, "test_actor": test_actor_app, "mlp": mlp}
+    if "mlp" in wanted:
+        use_gpu = gpus.take(settings.mlp.tp)
+        controllers["mlp"] = MLPDeployment.options(**_placement(settings, settings.mlp.tp, use_gpu)).bind(
+            use_gpu=use_gpu,
+            request_timeout_s=timeout,
+            tp=settings.mlp.tp,
+            layer={
+                "hidden_size": settings.mlp.hidden_size,
+                "intermediate_size": settings.mlp.intermediate_size,
+                "hidden_act": settings.mlp.hidden_act,
+            },
+        )
+    if "accumulators" in wanted:
+        use_gpu = gpus.take(accumulators.WORKER_BUNDLES)
+        controllers["accumulators"] = AccumulatorsDeployment.options(
+            **_placement(settings, accumulators.WORKER_BUNDLES, use_gpu)
+        ).bind(use_gpu=use_gpu, request_timeout_s=timeout)
+    if "test_actor" in wanted:
+        use_gpu = gpus.take(test_actor.WORKER_BUNDLES)
+        controllers["test_actor"] = TestActorDeployment.options(
+            **_placement(settings, test_actor.WORKER_BUNDLES, use_gpu)
+        ).bind(use_gpu=use_gpu, request_timeout_s=timeout)
     return Ingress.options(
         num_replicas=settings.ingress_replicas, ray_actor_options={"num_cpus": settings.ingress_cpus}
     ).bind(controllers=controllers, settings=settings.model_dump(mode="json"))

@@ -81,8 +81,9 @@ class SingleActor:
     def workers(self) -> list[Any]:
         return [self.actor]
 
-    def call_method(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return ray.get(getattr(self.actor, method).remote(*args, **kwargs), timeout=self.get_timeout_s)
+    def call_method(self, method: str, *args: Any, blocking: bool = True, **kwargs: Any) -> Any:
+        future = getattr(self.actor, method).remote(*args, **kwargs)
+        return ray.get(future, timeout=self.get_timeout_s) if blocking else future
 
     def rank_info(self) -> list[dict[str, Any]]:
         return [{"rank": 0, "local_rank": 0, "world_size": 1}]
@@ -272,6 +273,9 @@ class GroupController:
                         cp_rank=getattr(coords, "cp_rank", 0),
                     )
             summary["ranks"] = ranks
+        context = ray.get_runtime_context()
+        # Where the workers live, for operators (e.g. to inspect or kill one with Ray's API).
+        summary["cluster"] = {"gcs_address": context.gcs_address, "namespace": context.namespace}
         return summary
 
     def group_names(self) -> list[str]:
@@ -342,7 +346,7 @@ class GroupController:
                         return outcome
                     # A copy, because a custom dispatch function may append to the lists.
                     entry = (method, copy.deepcopy(args), copy.deepcopy(kwargs))
-                    outcome.output = group_obj.call_method(method, *args, **kwargs)
+                    outcome.output = self._call_mutating(state, group_obj, method, args, kwargs)
                     state.journal.append(entry)
             else:
                 outcome.output = group_obj.call_method(method, *args, **kwargs)
@@ -362,6 +366,30 @@ class GroupController:
             outcome.status = 422
             outcome.error = f"{group}.{method} raised {type(cause).__name__}: {_first_line(cause)}"
         return outcome
+
+    def _call_mutating(self, state: GroupState, group_obj: Any, method: str, args: tuple, kwargs: dict) -> Any:
+        """Run a mutating call and see every rank's result. When some ranks applied it and
+        others failed, or it ran past the timeout (and may still apply), the workers no
+        longer match the journal: the group is restored from the journal in the
+        background, so the state is again exactly that of the acknowledged calls."""
+        futures = group_obj.call_method(method, *args, blocking=False, **kwargs)
+        refs = futures if isinstance(futures, list) else [futures]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.request_timeout_s)
+        if len(ready) < len(refs):
+            self._recover_in_background(state)
+            raise GetTimeoutError(f"{method} timed out")
+        failed = []
+        for ref in refs:
+            try:
+                ray.get(ref)
+            except RayTaskError as exc:
+                failed.append(exc)
+        if failed:
+            if len(failed) < len(refs):
+                logger.warning("%s.%s failed on some ranks only; restoring the group", state.spec.name, method)
+                self._recover_in_background(state)
+            raise failed[0]
+        return ray.get(futures)
 
     @staticmethod
     def _per_rank_problem(method: str, world_size: int, args: tuple, kwargs: dict) -> str | None:

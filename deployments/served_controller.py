@@ -4,12 +4,17 @@ handle calls, Serve's health check, and release of the workers on shutdown."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
 
 from deployments.group_controller import GroupController
 from single_controller.ray import RayResourcePool
+
+#: Threads for blocking calls per controller replica (beyond max_ongoing_requests they queue).
+CALL_THREADS = 64
 
 
 def replica_pool(
@@ -26,13 +31,19 @@ def replica_pool(
 
 
 class ServedController(GroupController):
-    """Base of the Serve deployments. Blocking work runs in threads so one slow call
-    never stalls the replica's event loop (or its health check)."""
+    """Base of the Serve deployments. Blocking work runs in a thread pool of its own, so
+    a slow call never stalls the replica's event loop (or its health check), and calls
+    waiting on one group never use up the threads other groups need."""
+
+    def _run(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+        if not hasattr(self, "_executor"):
+            self._executor = ThreadPoolExecutor(max_workers=CALL_THREADS, thread_name_prefix="controller")
+        return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def handle_call(
         self, group: str, method: str, args: list, kwargs: dict, idempotency_key: str | None = None
     ) -> dict[str, Any]:
-        outcome = await asyncio.to_thread(self.call, group, method, tuple(args), kwargs, idempotency_key)
+        outcome = await self._run(self.call, group, method, tuple(args), kwargs, idempotency_key)
         return dict(vars(outcome))  # shallow: outputs may be hundreds of MiB
 
     async def handle_io_spec(self, group: str) -> dict[str, Any]:
@@ -40,10 +51,10 @@ class ServedController(GroupController):
         return {}
 
     async def handle_describe(self) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(self.describe)
+        return await self._run(self.describe)
 
     async def handle_describe_group(self, group: str) -> dict[str, Any] | None:
-        return await asyncio.to_thread(self.describe_group, group)
+        return await self._run(self.describe_group, group)
 
     async def handle_ready(self) -> dict[str, bool]:
         return self.ready()
@@ -52,7 +63,7 @@ class ServedController(GroupController):
         """Serve's health check: ping every worker (with a timeout); a group that does not
         answer is rebuilt in the background. The replica itself stays up, so the other
         groups keep serving."""
-        await asyncio.to_thread(self.check_groups)
+        await self._run(self.check_groups)
 
     def __del__(self) -> None:
         self.shutdown()

@@ -30,3 +30,24 @@ def ray_cluster():
         )
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def service():
+    """`serve run serve_config.yaml` as a user would start it, shared by the session
+    (its cold start is the most expensive step of the suite)."""
+    from tests.serve_process import ServeProcess
+
+    proc = ServeProcess().start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def http(service):
+    import httpx
+
+    with httpx.Client(base_url=service.url, timeout=300) as client:
+        yield client

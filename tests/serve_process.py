@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "serve_config.yaml"
@@ -31,15 +32,18 @@ def free_port() -> int:
 class ServeProcess:
     """``serve run`` in a fresh local Ray cluster of its own (the machine's resources)."""
 
-    def __init__(self, config: Path = CONFIG, env: dict[str, str] | None = None, overrides: str = "") -> None:
+    def __init__(
+        self, config: Path = CONFIG, env: dict[str, str] | None = None, overrides: dict | None = None
+    ) -> None:
         self.port = 8000 if port_free(8000) and not overrides else free_port()
         self.config = config
         if self.port != 8000 or overrides:
-            # Same config, another port (8000 is taken here) and any test overrides.
-            text = config.read_text().replace("port: 8000", f"port: {self.port}")
-            text = text.replace("    args:\n", f"    args:\n{overrides}", 1) if overrides else text
+            # Same config, another port (8000 is taken here) and any test overrides of the args.
+            document = yaml.safe_load(config.read_text())
+            document["http_options"]["port"] = self.port
+            document["applications"][0]["args"].update(overrides or {})
             handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=ROOT)
-            handle.write(text)
+            yaml.safe_dump(document, handle)
             handle.close()
             self.config = Path(handle.name)
         self.url = f"http://127.0.0.1:{self.port}"

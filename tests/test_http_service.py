@@ -1,7 +1,8 @@
 """End to end: `serve run serve_config.yaml` started as a user would, driven with httpx.
 
-The first test replays the tutorial in its order on the fresh service; later tests use
-state the tutorial leaves or groups it does not mutate.
+The first test replays the tutorial in its order on the fresh service (the session's
+``service``, which this module is the first to use); later tests use state the tutorial
+leaves or groups it does not mutate.
 """
 
 from __future__ import annotations
@@ -10,25 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from tests.serve_process import ServeProcess
+from tests.mlp_reference import SMALL, assert_close, from_json, reference_mlp, to_json
 
 httpx = pytest.importorskip("httpx")
 safetensors_torch = pytest.importorskip("safetensors.torch")
-
-
-@pytest.fixture(scope="module")
-def service():
-    proc = ServeProcess().start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture(scope="module")
-def http(service):
-    with httpx.Client(base_url=service.url, timeout=300) as client:
-        yield client
 
 
 def call(http, group, method, **body):
@@ -113,29 +99,6 @@ def test_safetensors_request_and_answer(http):
     assert all(out[f"output.{r}"].tolist() == [5.0] for r in range(4))
 
 
-SMALL = {"hidden_size": 64, "intermediate_size": 128, "hidden_act": "silu", "pretraining_tp": 1, "tp": 4}
-
-
-def from_json(obj):
-    dtype = {"FP32": np.float32}[obj["datatype"]]
-    return torch.from_numpy(np.asarray(obj["data"], dtype=dtype).reshape(obj["shape"]))
-
-
-def to_json(t):
-    return {"datatype": "FP32", "shape": list(t.shape), "data": t.flatten().tolist()}
-
-
-def reference_mlp(weights, x):
-    """Unsharded forward from the tp shards: down(silu(gate(x)) * up(x))."""
-    y = torch.zeros(x.shape[:-1] + (SMALL["hidden_size"],), dtype=torch.float64)
-    for shard in weights:
-        gate_up = from_json(shard["gate_up_proj.weight"]).double()
-        gate, up = gate_up.chunk(2, dim=0)
-        down = from_json(shard["down_proj.weight"]).double()
-        y += (torch.nn.functional.silu(x.double() @ gate.T) * (x.double() @ up.T)) @ down.T
-    return y
-
-
 @pytest.fixture(scope="module")
 def small_layer(http):
     call(http, "mlp", "init_model", kwargs={"config": SMALL})
@@ -144,11 +107,6 @@ def small_layer(http):
     assert from_json(weights[0]["gate_up_proj.weight"]).shape == (2 * 128 // 4, 64)
     assert from_json(weights[0]["down_proj.weight"]).shape == (64, 128 // 4)
     return weights
-
-
-def assert_close(y, ref):
-    err = (y.double() - ref).norm() / ref.norm()
-    assert err <= 1e-5, err
 
 
 def test_mlp_layer_through_json(http, small_layer):

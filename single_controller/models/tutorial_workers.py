@@ -2,7 +2,8 @@
 
 ``GPUAccumulator`` and ``GPUAccumulatorDecorator`` also answer ``get_value``, and
 ``TestActor`` keeps a per-rank history (``record``/``history``): a method that does
-not commute, so the order calls reach each rank can be checked.
+not commute, so the order calls reach each rank can be checked; and ``sleep`` is a
+slow call for timeout checks.
 """
 
 from __future__ import annotations
@@ -107,3 +108,14 @@ class TestActor(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def history(self):
         return list(self._history)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def sleep(self, seconds: float):
+        """Hold every rank for ``seconds`` (at most 60): a slow call, for timeouts."""
+        import time
+
+        seconds = float(seconds)
+        if not 0 <= seconds <= 60:
+            raise ValueError(f"seconds must be within [0, 60], got {seconds}")
+        time.sleep(seconds)
+        return seconds

@@ -273,11 +273,13 @@ class RayWorkerGroup(WorkerGroup):
         )
 
     def rank_info(self, refresh: bool = False) -> list[dict[str, Any]]:
-        """Per rank: rank, local rank, node, pid, CUDA_VISIBLE_DEVICES, device."""
+        """Per rank: rank, local rank, node, pid, CUDA_VISIBLE_DEVICES, device, actor name and id."""
         if self._rank_info_cache is None or refresh:
-            self._rank_info_cache = ray.get(
-                [w._get_rank_info.remote() for w in self._workers], timeout=self.get_timeout_s
-            )
+            infos = ray.get([w._get_rank_info.remote() for w in self._workers], timeout=self.get_timeout_s)
+            for info, worker, name in zip(infos, self._workers, self._worker_names, strict=True):
+                info["actor_name"] = name
+                info["actor_id"] = worker._actor_id.hex()
+            self._rank_info_cache = infos
         return self._rank_info_cache
 
     def check_health(self, timeout_s: float = 10.0) -> None:
