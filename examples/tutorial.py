@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("MEGATRON_USE_CUDA_TIMER", "0")
 os.environ.setdefault("MEGATRON_START_PROCESS_TIMER", "False")
@@ -117,6 +119,8 @@ def main() -> None:
     use_gpu = ray.cluster_resources().get("GPU", 0) >= 8
     results = run_tutorial(use_gpu)
     if options.megatron:
+        # run as a script, this file's folder is on sys.path, not the repository root
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
         from examples.megatron_mlp import run_chapter_4
 
         run_chapter_4(results["pools"]["pool"], seq_len=16, batch_size=2, hidden_size=64, ffn_hidden_size=128)

@@ -7,6 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from single_controller.megatron.parallel_info import MegatronGlobalInfo, MegatronRankInfo
 from single_controller.models.mlp_worker import MLPLayerWorker
 from single_controller.ray import MegatronRayWorkerGroup, RayClassWithInitArgs, RayResourcePool
 
@@ -56,7 +57,10 @@ def tp4(ray_cluster):
 
 def test_tutorial_layout_numbers(tp4):
     assert (tp4.world_size, tp4.tp_size, tp4.pp_size, tp4.dp_size) == (4, 4, 1, 1)
-    assert [tp4.get_megatron_rank_info(r).tp_rank for r in range(4)] == [0, 1, 2, 3]
+    assert tp4.get_megatron_global_info() == MegatronGlobalInfo(tp_size=4, dp_size=1, pp_size=1, cp_size=1)
+    assert [tp4.get_megatron_rank_info(r) for r in range(4)] == [
+        MegatronRankInfo(tp_rank=r, dp_rank=0, pp_rank=0, cp_rank=0) for r in range(4)
+    ]
 
 
 def test_tp4_matches_reference(tp4):
@@ -101,7 +105,14 @@ def test_smaller_tp_matches_reference(ray_cluster, tp):
 def test_tp2_dp2_each_dp_rank_gets_its_input(ray_cluster):
     pool, group = make_group(4, 2, "tp2dp2")
     try:
-        assert (group.tp_size, group.dp_size, group.pp_size) == (2, 2, 1)
+        assert (group.tp_size, group.dp_size, group.pp_size, group.cp_size) == (2, 2, 1, 1)
+        assert group.get_megatron_global_info() == MegatronGlobalInfo(
+            tp_size=2, dp_size=2, pp_size=1, cp_size=1
+        )
+        # megatron's default order puts tp fastest: ranks 0,1 are dp 0 and ranks 2,3 dp 1
+        assert [group.get_megatron_rank_info(r) for r in range(4)] == [
+            MegatronRankInfo(tp_rank=r % 2, dp_rank=r // 2, pp_rank=0, cp_rank=0) for r in range(4)
+        ]
         group.init_model(config(2))
         shards = group.get_weights()
         dp0 = [shards[r] for r in range(4) if group.get_megatron_rank_info(r).dp_rank == 0]
@@ -117,3 +128,16 @@ def test_tp2_dp2_each_dp_rank_gets_its_input(ray_cluster):
     finally:
         group.shutdown()
         pool.remove()
+
+
+def test_example_chapter_4_small(tp4):
+    """examples/megatron_mlp.py's chapter 4 on the same pool (its own group, colocated)."""
+    from examples.megatron_mlp import run_chapter_4
+
+    out = run_chapter_4(
+        tp4.resource_pool, seq_len=8, batch_size=2, hidden_size=HIDDEN, ffn_hidden_size=FFN, check=True
+    )
+    assert out["layout"] == (4, 4, 1, 1)
+    assert out["init_model"] == [None] * 4
+    assert out["output_shape"] == (8, 2, HIDDEN)
+    assert out["rel_err"] <= 1e-5

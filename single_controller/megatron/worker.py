@@ -72,7 +72,14 @@ class MegatronWorker(Worker):
             )
         # The same seed on every rank: layers built with CPU initialisation then carve
         # their shards out of identical master weights.
-        torch.manual_seed(int(kwargs.get("seed", 0)))
+        seed = int(kwargs.get("seed", 0))
+        torch.manual_seed(seed)
+        if torch.cuda.is_available():
+            # Megatron's per-tp-rank CUDA RNG streams (dropout and GPU-side init inside
+            # tensor-parallel regions); it resets its tracker, so calling twice is safe.
+            from megatron.core import tensor_parallel
+
+            tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
     def get_megatron_rank_info(self) -> MegatronRankInfo:
         from megatron.core import parallel_state as ps

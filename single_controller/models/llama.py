@@ -3,8 +3,16 @@
 ``gate_up_proj`` is one ColumnParallelLinear of ``2 * intermediate_size`` outputs with
 ``stride=2``: megatron then carves each rank's shard as this rank's gate rows followed
 by its up rows (``[2*ffn/tp, hidden]``), so a rank needs no communication before the
-activation. ``down_proj`` is a RowParallelLinear (``[hidden, ffn/tp]``) whose forward
-all-reduces the partial sums.
+activation. Why the stride: the master weight is ``[gate; up]`` (``[2*ffn, hidden]``).
+With stride 1 rank ``r`` would take the contiguous rows ``[r*2*ffn/tp, (r+1)*2*ffn/tp)``,
+i.e. for tp=2 rank 0 all of gate and rank 1 all of up, and ``chunk(2)`` would then pair
+the wrong rows. With CPU initialisation megatron splits the master into ``tp*stride``
+chunks of ``ffn/tp`` rows and gives rank ``r`` chunks ``r, r+tp, ...``: gate shard ``r``
+then up shard ``r``. Every rank draws the same master from the seeded torch RNG, so
+the shards are consistent across ranks and identical after a rebuild with that seed.
+
+``down_proj`` is a RowParallelLinear (``[hidden, ffn/tp]``) whose forward all-reduces
+the partial sums.
 """
 
 from __future__ import annotations
