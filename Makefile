@@ -24,5 +24,9 @@ test: $(STAMP)
 serve: $(STAMP)
 	$(VENV)/bin/serve run serve_config.yaml
 
+# Benchmarks: bench/results/latest.json and latest.png (BENCH_ARGS=--quick for a short run).
+bench: $(STAMP)
+	$(PY) -m bench.run $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV)

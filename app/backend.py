@@ -15,9 +15,10 @@ GROUP_MAP_TTL_S = 30.0
 
 
 class Backend:
-    def __init__(self, controllers: dict[str, Any], settings: ServiceSettings) -> None:
+    def __init__(self, controllers: dict[str, Any], settings: ServiceSettings, jobs: Any = None) -> None:
         self.controllers = controllers
         self.settings = settings
+        self.jobs = jobs
         self._group_owner: dict[str, str] = {}
         self._group_map_at = 0.0
 
@@ -88,3 +89,26 @@ class Backend:
 
     async def io_spec(self, controller: str, group: str) -> dict[str, Any]:
         return await self._within_deadline(self.controllers[controller].handle_io_spec.remote(group), controller)
+
+    # -- jobs -----------------------------------------------------------------------
+    def _jobs(self) -> Any:
+        if self.jobs is None:
+            raise ApiError(404, "jobs are not enabled in this deployment")
+        return self.jobs
+
+    async def submit_job(self, group: str, method: str, args: list, kwargs: dict, split: int) -> dict[str, Any]:
+        owner = await self.owner_of(group)
+        job = await self._within_deadline(self._jobs().submit.remote(owner, group, method, args, kwargs, split), "jobs")
+        if "id" not in job:  # refused before it was queued
+            raise ApiError(422, job["error"])
+        return job
+
+    async def job(self, job_id: str, action: str = "status") -> dict[str, Any]:
+        jobs = self._jobs()
+        answer = await self._within_deadline(getattr(jobs, action).remote(job_id), "jobs")
+        if answer is None:
+            raise ApiError(404, f"unknown job {job_id!r}")
+        return answer
+
+    async def list_jobs(self) -> list[dict[str, Any]]:
+        return await self._within_deadline(self._jobs().list_jobs.remote(), "jobs")

@@ -16,7 +16,7 @@ from ray import serve
 from app import call_body, oip
 from app.backend import Backend
 from app.errors import ApiError, error_response, install_error_handlers
-from app.schemas import CallRequest, CallResponse, ErrorResponse, GroupDetail, GroupList, Health
+from app.schemas import CallRequest, CallResponse, ErrorResponse, GroupDetail, GroupList, Health, JobStatus
 from app.settings import ServiceSettings
 
 #: Routes that answer without a bearer token (liveness and readiness probes).
@@ -63,6 +63,21 @@ INFER_BODY_DOC = {
     }
 }
 
+def _call_answer(group: str, method: str, outcome: dict[str, Any], accept: str | None) -> Response:
+    if call_body.wants_safetensors(accept):
+        return Response(call_body.output_as_safetensors(outcome["output"]), media_type=call_body.SAFETENSORS)
+    return JSONResponse(
+        {
+            "group": group,
+            "method": method,
+            "dispatch_mode": outcome["dispatch_mode"],
+            "execute_mode": outcome["execute_mode"],
+            "world_size": outcome["world_size"],
+            "output": call_body.output_as_json(outcome["output"]),
+        }
+    )
+
+
 fastapi_app = FastAPI(
     title="HybridFlow single controller",
     version=oip.SERVER_VERSION,
@@ -74,9 +89,11 @@ install_error_handlers(fastapi_app)
 @serve.deployment(name="ingress", max_ongoing_requests=256)
 @serve.ingress(fastapi_app)
 class Ingress:
-    def __init__(self, controllers: dict[str, Any], settings: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, controllers: dict[str, Any], settings: dict[str, Any] | None = None, jobs: Any = None
+    ) -> None:
         self.settings = ServiceSettings.from_args(settings)
-        self.backend = Backend(controllers, self.settings)
+        self.backend = Backend(controllers, self.settings, jobs)
 
     # -- guards ---------------------------------------------------------------------
     def _guard(self, request: Request) -> None:
@@ -148,18 +165,61 @@ class Ingress:
         outcome = await self.backend.call(
             group, method, args, kwargs, request.headers.get("idempotency-key") or None
         )
-        if call_body.wants_safetensors(request.headers.get("accept")):
-            return Response(call_body.output_as_safetensors(outcome["output"]), media_type=call_body.SAFETENSORS)
-        return JSONResponse(
-            {
-                "group": group,
-                "method": method,
-                "dispatch_mode": outcome["dispatch_mode"],
-                "execute_mode": outcome["execute_mode"],
-                "world_size": outcome["world_size"],
-                "output": call_body.output_as_json(outcome["output"]),
-            }
-        )
+        return _call_answer(group, method, outcome, request.headers.get("accept"))
+
+    # -- jobs: long calls that answer at once and run in the background ---------------
+    @fastapi_app.post(
+        "/v1/jobs/{group}/{method}",
+        status_code=202,
+        response_model=JobStatus,
+        responses={c: ERRORS[c] for c in (400, 401, 404, 413, 415, 422)},
+        openapi_extra=CALL_BODY_DOC,
+        tags=["jobs"],
+    )
+    async def submit_job(self, group: str, method: str, request: Request, split: int = 1) -> Any:
+        """Run a call as a job; poll ``GET /v1/jobs/{id}``. ``split`` cuts the first argument's
+        tensors into that many pieces along dim 0 (row-wise methods only) for progress."""
+        self._guard(request)
+        if not 1 <= split <= 4096:
+            raise ApiError(422, f"split must be within [1, 4096], got {split}")
+        body = await self._body(request)
+        args, kwargs = call_body.parse_call_body(request.headers.get("content-type"), body)
+        job = await self.backend.submit_job(group, method, args, kwargs, split)
+        return JSONResponse(job, status_code=202, headers={"Location": f"/v1/jobs/{job['id']}"})
+
+    @fastapi_app.get("/v1/jobs", tags=["jobs"], responses={401: ERRORS[401]})
+    async def list_jobs(self, request: Request) -> dict[str, Any]:
+        self._guard(request)
+        return {"jobs": await self.backend.list_jobs()}
+
+    @fastapi_app.get("/v1/jobs/{job_id}", response_model=JobStatus, tags=["jobs"], responses={404: ERRORS[404]})
+    async def job_status(self, job_id: str, request: Request) -> dict[str, Any]:
+        """Status (queued, running, succeeded, failed, cancelled), progress 0..1, elapsed time."""
+        self._guard(request)
+        return await self.backend.job(job_id)
+
+    @fastapi_app.get(
+        "/v1/jobs/{job_id}/result",
+        response_model=CallResponse,
+        tags=["jobs"],
+        responses={404: ERRORS[404], 409: {"model": ErrorResponse, "description": "job not finished"}},
+    )
+    async def job_result(self, job_id: str, request: Request) -> Any:
+        """The finished job's answer, as the call route gives it (JSON or safetensors)."""
+        self._guard(request)
+        answer = await self.backend.job(job_id, "result")
+        job = answer["job"]
+        if job["status"] in ("queued", "running"):
+            raise ApiError(409, f"job {job_id} is {job['status']} ({job['progress']:.0%})")
+        if job["status"] != "succeeded":
+            raise ApiError(job["status_code"] or 410, f"job {job_id} {job['status']}: {job['error'] or ''}".strip())
+        return _call_answer(job["group"], job["method"], answer["outcome"], request.headers.get("accept"))
+
+    @fastapi_app.delete("/v1/jobs/{job_id}", response_model=JobStatus, tags=["jobs"], responses={404: ERRORS[404]})
+    async def cancel_job(self, job_id: str, request: Request) -> dict[str, Any]:
+        """Cancel a job: no further pieces start (a piece already on the workers finishes there)."""
+        self._guard(request)
+        return await self.backend.job(job_id, "cancel")
 
     # -- Open Inference Protocol v2 ---------------------------------------------------
     @fastapi_app.get("/v2", tags=["inference"])

@@ -82,3 +82,16 @@ class ErrorResponse(BaseModel):
 class Health(BaseModel):
     status: str
     groups: dict[str, bool] = Field(default_factory=dict)
+
+
+class JobStatus(BaseModel):
+    id: str
+    group: str
+    method: str
+    status: str = Field(..., description="queued, running, succeeded, failed or cancelled")
+    progress: float = Field(..., ge=0, le=1)
+    split: int
+    error: str | None = None
+    status_code: int | None = None
+    submitted_at: float
+    elapsed_s: float

@@ -1,4 +1,7 @@
-"""Start ``serve run serve_config.yaml`` as a user would, wait until it is ready, stop it."""
+"""Start ``serve run serve_config.yaml`` as a user would, wait until it is ready, stop it.
+
+Used by the end-to-end tests and the benchmarks: the service runs in a fresh local Ray
+cluster of its own (``RAY_ADDRESS=local``), with the machine's resources."""
 
 from __future__ import annotations
 
@@ -51,7 +54,7 @@ class ServeProcess:
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout_s: float = 600.0) -> ServeProcess:
+    def start(self, timeout_s: float = 600.0, ready_path: str = "/readyz") -> ServeProcess:
         serve_bin = Path(sys.executable).parent / "serve"
         self.proc = subprocess.Popen(
             [str(serve_bin), "run", str(self.config)],
@@ -66,7 +69,7 @@ class ServeProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"serve run exited with {self.proc.returncode}:\n{self.tail()}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200:
+                if httpx.get(f"{self.url}{ready_path}", timeout=5).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass

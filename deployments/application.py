@@ -12,6 +12,7 @@ from app.ingress import Ingress
 from app.settings import ServiceSettings
 from deployments import accumulators, test_actor
 from deployments.accumulators import AccumulatorsDeployment
+from deployments.jobs import JobsDeployment
 from deployments.mlp import MLPDeployment
 from deployments.test_actor import TestActorDeployment
 
@@ -81,6 +82,7 @@ def build(args: dict[str, Any] | None = None) -> Application:
         controllers["test_actor"] = TestActorDeployment.options(
             **_placement(settings, test_actor.WORKER_BUNDLES, use_gpu)
         ).bind(use_gpu=use_gpu, request_timeout_s=timeout)
+    jobs = JobsDeployment.bind(controllers=controllers)
     return Ingress.options(
         num_replicas=settings.ingress_replicas, ray_actor_options={"num_cpus": settings.ingress_cpus}
-    ).bind(controllers=controllers, settings=settings.model_dump(mode="json"))
+    ).bind(controllers=controllers, settings=settings.model_dump(mode="json"), jobs=jobs)

@@ -24,6 +24,6 @@ class TestActorDeployment(ServedController):
             lambda: RayWorkerGroup(pool, RayClassWithInitArgs(TestActor, x=x)),
             TestActor,
             "pool [4]",
-            read_only=frozenset({"foo", "foo_custom", "foo_rank_zero", "history"}),
+            read_only=frozenset({"foo", "foo_custom", "foo_rank_zero", "history", "echo"}),
         )
         super().__init__([spec], request_timeout_s=request_timeout_s)

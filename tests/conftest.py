@@ -36,7 +36,7 @@ def ray_cluster():
 def service():
     """`serve run serve_config.yaml` as a user would start it, shared by the session
     (its cold start is the most expensive step of the suite)."""
-    from tests.serve_process import ServeProcess
+    from clients.local_server import ServeProcess
 
     proc = ServeProcess().start()
     try:

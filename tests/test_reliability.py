@@ -194,10 +194,10 @@ def test_schemathesis_finds_no_server_errors(service):
     for operation in schema.get_all_operations():
         op = operation.ok()
 
-        @settings(max_examples=110, deadline=None, database=None,
+        @settings(max_examples=150, deadline=None, database=None,
                   suppress_health_check=list(HealthCheck))
         @given(case=op.as_strategy())
-        def run(case, op=op):
+        def run(case):
             nonlocal calls
             calls += 1
             response = case.call(base_url=service.url, timeout=60)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.serve_process import ServeProcess
+from clients.local_server import ServeProcess
 
 TOKEN = "s3cret-token"
 OVERRIDES = {"deployments": ["test_actor"], "max_body_bytes": 1024, "request_timeout_s": 3}

@@ -109,6 +109,11 @@ class TestActor(Worker):
     def history(self):
         return list(self._history)
 
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def echo(self, x):
+        """Return ``x`` from rank 0: a round trip of a tensor, for transport checks."""
+        return x
+
     @register(Dispatch.ONE_TO_ALL)
     def sleep(self, seconds: float):
         """Hold every rank for ``seconds`` (at most 60): a slow call, for timeouts."""

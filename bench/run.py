@@ -1,0 +1,348 @@
+"""Benchmarks: every layer against its floor, as ratios measured side by side in one run.
+
+    make bench                 # full run (< 10 minutes on 2 cores)
+    python -m bench.run --quick
+
+Writes bench/results/latest.json (raw numbers and ratios) and bench/results/latest.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+import yaml
+
+from clients.local_server import ROOT, ServeProcess
+
+RESULTS = ROOT / "bench" / "results"
+
+
+def p50(samples: list[float]) -> float:
+    return statistics.median(samples)
+
+
+def timed(fn, n: int, warmup: int = 5) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+# -- library -----------------------------------------------------------------------
+
+
+def bench_library(quick: bool) -> dict[str, Any]:
+    import ray
+
+    from single_controller.base import Worker
+    from single_controller.base.decorator import Dispatch, register
+    from single_controller.models.mlp_worker import MLPLayerWorker
+    from single_controller.ray import (
+        MegatronRayWorkerGroup,
+        RayClassWithInitArgs,
+        RayResourcePool,
+        RayWorkerGroup,
+    )
+
+    @ray.remote
+    class Plain:
+        def m(self, x):
+            return x
+
+    @ray.remote
+    class Member(Worker):
+        @register(Dispatch.ONE_TO_ALL)
+        def m(self, x):
+            return x
+
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    out: dict[str, Any] = {}
+    n = 200 if quick else 1000
+    try:
+        actors = [Plain.remote() for _ in range(4)]
+        ray.get([a.m.remote(0) for a in actors])
+        pool = RayResourcePool([4], use_gpu=False)
+        group = RayWorkerGroup(pool, RayClassWithInitArgs(cls=Member))
+        # interleave the two so machine noise hits both alike
+        raw, lib = [], []
+        for _ in range(5):
+            raw += timed(lambda: ray.get([a.m.remote(1) for a in actors]), n // 5)
+            lib += timed(lambda: group.m(1), n // 5)
+        out["fanout_raw_p50_ms"] = p50(raw) * 1e3
+        out["one_to_all_p50_ms"] = p50(lib) * 1e3
+        out["one_to_all_ratio"] = out["one_to_all_p50_ms"] / out["fanout_raw_p50_ms"]
+        out["execute_all_add_p50_ms"] = p50(timed(lambda: group.execute_all_sync("m", x=[1, 1, 1, 1]), n // 2)) * 1e3
+        try:
+            from ray.dag import InputNode, MultiOutputNode
+
+            with InputNode() as inp:
+                dag = MultiOutputNode([a.m.bind(inp) for a in actors])
+            compiled = dag.experimental_compile()
+            cg = timed(lambda: ray.get(compiled.execute(1)), n // 2)
+            out["compiled_graph_fanout_p50_ms"] = p50(cg) * 1e3
+            out["compiled_graph_ratio_to_raw"] = out["compiled_graph_fanout_p50_ms"] / out["fanout_raw_p50_ms"]
+            compiled.teardown()
+        except Exception as exc:  # compiled graphs are experimental; report, do not fail
+            out["compiled_graph_error"] = f"{type(exc).__name__}: {exc}"
+        group.shutdown()
+
+        # MEGATRON_COMPUTE: tp=4 MLP forward against single-process torch
+        seq, batch, hidden, ffn = (128, 4, 4096, 11008) if quick else (512, 4, 4096, 11008)
+        layer = MegatronRayWorkerGroup(
+            pool, RayClassWithInitArgs(cls=MLPLayerWorker),
+            default_megatron_kwargs={"tensor_model_parallel_size": 4, "pipeline_model_parallel_size": 1},
+        )
+        config = {"hidden_size": hidden, "intermediate_size": ffn, "hidden_act": "silu", "pretraining_tp": 1}
+        layer.init_model(config)
+        shards = layer.get_weights()
+        gate = torch.cat([s["gate_up_proj.weight"].chunk(2)[0] for s in shards])
+        up = torch.cat([s["gate_up_proj.weight"].chunk(2)[1] for s in shards])
+        down = torch.cat([s["down_proj.weight"] for s in shards], dim=1)
+        del shards
+        x = torch.rand(seq, batch, hidden)
+        reps = 2 if quick else 3
+
+        def single() -> torch.Tensor:
+            with torch.no_grad():
+                return torch.nn.functional.linear(
+                    torch.nn.functional.silu(torch.nn.functional.linear(x, gate))
+                    * torch.nn.functional.linear(x, up),
+                    down,
+                )
+
+        puts_before = layer.object_store_puts
+        tp_times, single_times = [], []
+        for _ in range(reps):
+            tp_times += timed(lambda: layer.run_layer([x]), 1, warmup=0)
+            single_times += timed(single, 1, warmup=0)
+        (y,) = layer.run_layer([x])
+        out["mlp_shape"] = [seq, batch, hidden, ffn]
+        out["mlp_tp4_s"] = min(tp_times)
+        out["mlp_single_process_s"] = min(single_times)
+        out["mlp_ratio"] = out["mlp_tp4_s"] / out["mlp_single_process_s"]
+        out["mlp_rel_err"] = float((y - single()).norm() / single().norm())
+        out["megatron_compute_puts_per_call"] = (layer.object_store_puts - puts_before) / (reps + 1)
+        out["megatron_compute_dp_size"] = layer.dp_size
+        layer.shutdown()
+        pool.remove()
+    finally:
+        ray.shutdown()
+    return out
+
+
+# -- HTTP --------------------------------------------------------------------------
+
+
+def bench_config() -> Path:
+    """serve_config.yaml plus the no-op floor app at /noop and an OIP echo model."""
+    document = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    app = document["applications"][0]
+    app["args"]["oip_models"] = {
+        "mlp": {"controller": "mlp", "group": "mlp", "method": "run_layer"},
+        "echo": {"controller": "test_actor", "group": "test_actor", "method": "echo"},
+    }
+    app["args"]["max_body_bytes"] = 1 << 30
+    document["applications"].append({"name": "noop", "route_prefix": "/noop", "import_path": "bench.noop_app:app"})
+    path = RESULTS / "bench_config.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def noop_only_config() -> Path:
+    document = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    document["applications"] = [{"name": "noop", "route_prefix": "/noop", "import_path": "bench.noop_app:app"}]
+    path = RESULTS / "noop_config.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def cold_start(config: Path, ready_path: str) -> tuple[float, ServeProcess]:
+    proc = ServeProcess(config=config)
+    start = time.perf_counter()
+    proc.start(timeout_s=600, ready_path=ready_path)
+    return time.perf_counter() - start, proc
+
+
+async def _throughput(url: str, path: str, body: dict, clients: int, seconds: float) -> float:
+    done = 0
+    deadline = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+
+        async def worker() -> None:
+            nonlocal done
+            while time.perf_counter() < deadline:
+                response = await client.post(path, json=body)
+                response.raise_for_status()
+                done += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        return done / (time.perf_counter() - start)
+
+
+def safetensors_body(name: str, t: torch.Tensor) -> bytes:
+    from app.tensor_codec import encode_safetensors
+
+    return encode_safetensors({name: t})
+
+
+def oip_body(name: str, t: torch.Tensor) -> tuple[bytes, dict[str, str]]:
+    raw = t.numpy().tobytes()
+    header = json.dumps(
+        {"inputs": [{"name": name, "datatype": "FP32", "shape": list(t.shape), "parameters": {"binary_data_size": len(raw)}}],
+         "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}
+    ).encode()
+    return header + raw, {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"}
+
+
+def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    noop_cold, noop_proc = cold_start(noop_only_config(), "/noop/ready")
+    noop_proc.stop()
+    full_cold, proc = cold_start(bench_config(), "/readyz")
+    out["cold_start_noop_s"] = noop_cold
+    out["cold_start_service_s"] = full_cold
+    out["cold_start_ratio"] = full_cold / noop_cold
+    n = 100 if quick else 400
+    try:
+        with httpx.Client(base_url=proc.url, timeout=300) as http:
+            assert http.get("/noop/ready").status_code == 200
+            add = lambda: http.post("/v1/groups/gpu_accumulator_decorator/add", json={"kwargs": {"x": 1}})  # noqa: E731
+            noop = lambda: http.post("/noop/call", json={"kwargs": {"x": 1}})  # noqa: E731
+            adds, noops = [], []
+            for _ in range(5):
+                adds += timed(add, n // 5)
+                noops += timed(noop, n // 5)
+            out["http_add_p50_ms"] = p50(adds) * 1e3
+            out["http_noop_p50_ms"] = p50(noops) * 1e3
+            floor = out["http_noop_p50_ms"] + library["one_to_all_p50_ms"]
+            out["http_add_floor_ms"] = floor
+            out["http_add_ratio"] = out["http_add_p50_ms"] / floor
+
+            seconds = 5 if quick else 15
+            rps_add = asyncio.run(_throughput(proc.url, "/v1/groups/gpu_accumulator_decorator/add", {"kwargs": {"x": 1}}, 32, seconds))
+            rps_noop = asyncio.run(_throughput(proc.url, "/noop/call", {"kwargs": {"x": 1}}, 32, seconds))
+            out["rps_add_32"] = rps_add
+            out["rps_noop_32"] = rps_noop
+            out["rps_ratio"] = rps_add / rps_noop
+
+            mib = 16 if quick else 64
+            t = torch.rand(mib * (1 << 20) // 4 // 1024, 1, 1024)
+            nbytes = t.numel() * 4
+            body = safetensors_body("x", t)
+            reps = 2 if quick else 3
+
+            def post_noop() -> None:
+                http.post("/noop/call", content=body, headers={"Content-Type": "application/octet-stream"})
+
+            def post_safetensors() -> None:
+                r = http.post("/v1/groups/test_actor/echo", content=body,
+                              headers={"Content-Type": "application/x-safetensors", "Accept": "application/x-safetensors"})
+                r.raise_for_status()
+
+            oip, oip_headers = oip_body("x", t)
+
+            def post_oip() -> None:
+                r = http.post("/v2/models/echo/infer", content=oip, headers=oip_headers)
+                r.raise_for_status()
+
+            small = torch.rand(1 << 18)  # 1 MiB as JSON
+            json_body = {"args": [{"datatype": "FP32", "shape": [small.numel()], "data": small.tolist()}]}
+
+            def post_json() -> None:
+                http.post("/v1/groups/test_actor/echo", json=json_body).raise_for_status()
+
+            mb = nbytes / 1e6
+            out["tensor_mib"] = mib
+            out["noop_bandwidth_MBps"] = mb / min(timed(post_noop, reps, warmup=1))
+            out["safetensors_bandwidth_MBps"] = mb / min(timed(post_safetensors, reps, warmup=1))
+            out["oip_binary_bandwidth_MBps"] = mb / min(timed(post_oip, reps, warmup=1))
+            out["json_1MiB_bandwidth_MBps"] = (small.numel() * 4 / 1e6) / min(timed(post_json, reps, warmup=1))
+            out["safetensors_ratio"] = out["safetensors_bandwidth_MBps"] / out["noop_bandwidth_MBps"]
+            out["oip_binary_ratio"] = out["oip_binary_bandwidth_MBps"] / out["noop_bandwidth_MBps"]
+    finally:
+        proc.stop()
+    return out
+
+
+TARGETS = {
+    "one_to_all_ratio": ("ONE_TO_ALL / raw fan-out p50", 1.15, "max"),
+    "http_add_ratio": ("HTTP add / (no-op route + library)", 1.3, "max"),
+    "safetensors_ratio": ("safetensors bandwidth / no-op", 0.5, "min"),
+    "oip_binary_ratio": ("OIP binary bandwidth / no-op", 0.5, "min"),
+    "mlp_ratio": ("tp=4 MLP / single-process torch", 1.3, "max"),
+    "rps_ratio": ("add rps / no-op rps (32 clients)", 0.5, "min"),
+    "cold_start_ratio": ("cold start / no-op app", 3.0, "max"),
+}
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in TARGETS if k in results]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    values = [results[k] for k in keys]
+    colors = [
+        "tab:green" if (results[k] <= TARGETS[k][1] if TARGETS[k][2] == "max" else results[k] >= TARGETS[k][1]) else "tab:red"
+        for k in keys
+    ]
+    ax.barh([TARGETS[k][0] for k in keys], values, color=colors)
+    for i, k in enumerate(keys):
+        ax.plot([TARGETS[k][1]] * 2, [i - 0.4, i + 0.4], color="black", linewidth=2)
+        ax.text(values[i], i, f" {values[i]:.2f}", va="center")
+    ax.set_xlabel("ratio to floor (black bar: target; green: met)")
+    ax.set_title(f"hybridflow-serve benchmarks ({results['machine']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer samples and smaller tensors")
+    parser.add_argument("--skip-http", action="store_true", help="library figures only")
+    options = parser.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    results: dict[str, Any] = {
+        "quick": options.quick,
+        "machine": f"{os.cpu_count()} cores, {platform.machine()}, torch {torch.__version__}",
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    started = time.perf_counter()
+    results.update(bench_library(options.quick))
+    if not options.skip_http:
+        results.update(bench_http(options.quick, results))
+    results["bench_seconds"] = time.perf_counter() - started
+    for key, (label, target, kind) in TARGETS.items():
+        if key in results:
+            met = results[key] <= target if kind == "max" else results[key] >= target
+            results.setdefault("targets", {})[key] = {"label": label, "target": target, "value": results[key], "met": met}
+    (RESULTS / "latest.json").write_text(json.dumps(results, indent=2))
+    plot(results, RESULTS / "latest.png")
+    for key, entry in results.get("targets", {}).items():
+        print(f"{entry['label']:45s} {entry['value']:8.3f}  target {'<=' if TARGETS[key][2] == 'max' else '>='} {entry['target']}  {'met' if entry['met'] else 'MISSED'}")
+    print(json.dumps({k: v for k, v in results.items() if k != "targets"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Long calls as jobs on the live service: submit, progress, result (JSON and safetensors),
+cancel, and job state that outlives the ingress replica."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import torch
+from safetensors.torch import load, save
+
+from tests.mlp_reference import SMALL, assert_close, reference_mlp
+
+
+def wait_for(http, job_id, timeout=120):
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        status = http.get(f"/v1/jobs/{job_id}")
+        assert status.status_code == 200, status.text
+        body = status.json()
+        seen.append(body["progress"])
+        if body["status"] not in ("queued", "running"):
+            return body, seen
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} still running after {timeout} s")
+
+
+def test_layer_call_as_a_job_through_the_binary_route(http):
+    assert http.post("/v1/groups/mlp/init_model", json={"kwargs": {"config": SMALL}}).status_code == 200
+    weights = http.post("/v1/groups/mlp/get_weights", json={}).json()["output"]
+    x = torch.rand(64, 2, SMALL["hidden_size"])
+    submitted = http.post(
+        "/v1/jobs/mlp/run_layer?split=4",
+        content=save({"x.0": x}),
+        headers={"Content-Type": "application/x-safetensors"},
+    )
+    assert submitted.status_code == 202, submitted.text
+    job = submitted.json()
+    assert submitted.headers["location"] == f"/v1/jobs/{job['id']}"
+    assert job["status"] in ("queued", "running") and job["split"] == 4
+    final, progress = wait_for(http, job["id"])
+    assert final["status"] == "succeeded" and final["progress"] == 1.0
+    assert progress == sorted(progress)  # progress never goes back
+    result = http.get(f"/v1/jobs/{job['id']}/result", headers={"Accept": "application/x-safetensors"})
+    assert result.status_code == 200, result.text
+    y = load(result.content)["output.0"]
+    assert y.shape == x.shape
+    assert_close(y, reference_mlp(weights, x))
+    as_json = http.get(f"/v1/jobs/{job['id']}/result").json()
+    assert as_json["dispatch_mode"] == "MEGATRON_COMPUTE" and as_json["output"][0]["shape"] == [64, 2, 64]
+    assert any(j["id"] == job["id"] for j in http.get("/v1/jobs").json()["jobs"])
+
+
+def test_unfinished_cancelled_and_unknown_jobs(http):
+    slow = http.post("/v1/jobs/test_actor/sleep", json={"kwargs": {"seconds": 3}}).json()
+    early = http.get(f"/v1/jobs/{slow['id']}/result")
+    assert early.status_code == 409 and early.json()["error"]
+    cancelled = http.delete(f"/v1/jobs/{slow['id']}")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert http.get(f"/v1/jobs/{slow['id']}/result").status_code >= 400
+    assert http.get("/v1/jobs/not-a-job").status_code == 404
+    assert http.post("/v1/jobs/nope/run", json={}).status_code == 404
+    bad_split = http.post("/v1/jobs/mlp/run_layer?split=4", json={"args": [[1, 2]]})
+    assert bad_split.status_code == 422, bad_split.text
+    time.sleep(3)  # let the cancelled piece finish on the workers
+
+
+KILL_INGRESS = """
+import sys, ray
+ray.init(address=sys.argv[1], logging_level="ERROR")
+from ray.util import list_named_actors
+names = [a for a in list_named_actors(all_namespaces=True) if "#ingress#" in a["name"]]
+assert names, list_named_actors(all_namespaces=True)
+for entry in names:
+    ray.kill(ray.get_actor(entry["name"], namespace=entry["namespace"]), no_restart=True)
+print(len(names))
+"""
+
+
+def test_jobs_survive_the_ingress_replica_restarting(http):
+    x = torch.rand(8, 1, SMALL["hidden_size"])
+    job = http.post("/v1/jobs/mlp/run_layer", content=save({"x.0": x}),
+                    headers={"Content-Type": "application/x-safetensors"}).json()
+    wait_for(http, job["id"])
+    gcs = http.get("/v1/groups/mlp").json()["cluster"]["gcs_address"]
+    killed = subprocess.run([sys.executable, "-c", KILL_INGRESS, gcs], capture_output=True, text=True, timeout=120)
+    assert killed.returncode == 0, killed.stderr[-2000:]
+    deadline = time.monotonic() + 120
+    answer = None
+    while time.monotonic() < deadline:
+        try:
+            answer = http.get(f"/v1/jobs/{job['id']}", timeout=10)
+            if answer.status_code == 200:
+                break
+        except Exception:
+            pass
+        time.sleep(1)
+    assert answer is not None and answer.status_code == 200
+    assert answer.json()["status"] == "succeeded"
+    assert http.get(f"/v1/jobs/{job['id']}/result").status_code == 200
