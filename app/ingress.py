@@ -242,11 +242,18 @@ class Ingress:
             raise ApiError(404, f"unknown model {model!r}; models: {', '.join(self.settings.oip_models)}")
         return entry
 
+    async def _model_spec(self, model: str) -> tuple[Any, dict[str, Any]]:
+        entry = self._model(model)
+        spec = await self.backend.io_spec(entry.controller, entry.group)
+        if not spec.get("inputs") or not spec.get("outputs"):
+            raise ApiError(404, f"model {model!r}: group {entry.group!r} declares no inference inputs")
+        return entry, spec
+
     @fastapi_app.get("/v2/models/{model}", tags=["inference"], responses={404: ERRORS[404]})
     async def model_metadata(self, model: str, request: Request) -> dict[str, Any]:
         self._guard(request)
-        entry = self._model(model)
-        return oip.model_metadata(model, await self.backend.io_spec(entry.controller, entry.group))
+        _entry, spec = await self._model_spec(model)
+        return oip.model_metadata(model, spec)
 
     @fastapi_app.get("/v2/models/{model}/ready", tags=["inference"], responses={404: ERRORS[404]})
     async def model_ready(self, model: str, request: Request) -> Response:
@@ -263,10 +270,9 @@ class Ingress:
     )
     async def infer(self, model: str, request: Request) -> Response:
         self._guard(request)
-        entry = self._model(model)
+        entry, spec = await self._model_spec(model)
         body = await self._body(request)
         inference, inputs = oip.parse_request(body, request.headers.get("inference-header-content-length"))
-        spec = await self.backend.io_spec(entry.controller, entry.group)
         x = oip.check_input(inputs, spec)
         outcome = await self.backend.call(entry.group, entry.method, [[x]], {})
         (y,) = outcome["output"]

@@ -378,18 +378,20 @@ class GroupController:
         if len(ready) < len(refs):
             self._recover_in_background(state)
             raise GetTimeoutError(f"{method} timed out")
-        failed = []
-        for ref in refs:
-            try:
-                ray.get(ref)
-            except RayTaskError as exc:
-                failed.append(exc)
-        if failed:
-            if len(failed) < len(refs):
+        try:
+            values = ray.get(refs)
+        except RayTaskError as first:
+            failed = 0
+            for ref in refs:
+                try:
+                    ray.get(ref)
+                except RayTaskError:
+                    failed += 1
+            if failed < len(refs):
                 logger.warning("%s.%s failed on some ranks only; restoring the group", state.spec.name, method)
                 self._recover_in_background(state)
-            raise failed[0]
-        return ray.get(futures)
+            raise first from None
+        return values if isinstance(futures, list) else values[0]
 
     @staticmethod
     def _per_rank_problem(method: str, world_size: int, args: tuple, kwargs: dict) -> str | None:

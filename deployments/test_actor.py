@@ -27,3 +27,8 @@ class TestActorDeployment(ServedController):
             read_only=frozenset({"foo", "foo_custom", "foo_rank_zero", "history", "echo"}),
         )
         super().__init__([spec], request_timeout_s=request_timeout_s)
+
+    async def handle_io_spec(self, group: str) -> dict:
+        """``echo`` served as an inference model: FP32 ``x`` of any 3-D shape back as ``y``."""
+        tensor = {"datatype": "FP32", "shape": [-1, -1, -1]}
+        return {"inputs": [{"name": "x", **tensor}], "outputs": [{"name": "y", **tensor}]}
