@@ -128,6 +128,20 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--idempotency-key", metavar="KEY", help="sent as Idempotency-Key")
     call.add_argument("--json", action="store_true", help="print the output as JSON (tensors as tensor objects)")
 
+    job = command("job", "run a call as a job: submit, show a progress bar until it finishes, print the result")
+    job.add_argument("group")
+    job.add_argument("method")
+    job.add_argument("--args", type=_json_arg("--args"), default=[], metavar="JSON", help="positional arguments")
+    job.add_argument("--kwargs", type=_json_arg("--kwargs"), default={}, metavar="JSON", help="keyword arguments")
+    job.add_argument(
+        "--random-input", type=_shape, metavar="SHAPE",
+        help="add a uniform random FP32 tensor of this shape as keyword x=[tensor] (one dp rank), "
+        "e.g. 2048,16,4096 for the tutorial's full MLP call",
+    )
+    job.add_argument("--binary", action="store_true", help="send and receive safetensors")
+    job.add_argument("--split", type=int, default=1, help="pieces along dim 0 of the dp input (progress steps)")
+    job.add_argument("--json", action="store_true", help="print the output as JSON")
+
     infer = command("infer", "Open Inference Protocol inference with binary tensor data")
     infer.add_argument("model")
     infer.add_argument("--shape", type=_shape, help="input shape, e.g. 8,2,64 (default: the model's, -1 as 1)")
@@ -285,7 +299,36 @@ def _cmd_infer(client: SingleControllerClient, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_job(client: SingleControllerClient, args: argparse.Namespace) -> int:
+    kwargs = dict(args.kwargs) if isinstance(args.kwargs, dict) else None
+    if kwargs is None or not isinstance(args.args, list):
+        raise UsageError("--args must be a JSON list and --kwargs a JSON object")
+    if args.random_input:
+        import torch
+
+        kwargs["x"] = [torch.rand(*args.random_input)]
+    submitted = client.submit_job(args.group, args.method, args.args, kwargs, binary=args.binary, split=args.split)
+    print(f"# job {submitted['id']} submitted", file=sys.stderr)
+    with tqdm(total=100, desc=f"{args.group}.{args.method}", unit="%", file=sys.stderr,
+              disable=True if args.no_progress else None,
+              bar_format="{desc} {bar} {n:.0f}% {elapsed}") as bar:
+
+        def show(status: dict[str, Any]) -> None:
+            bar.n = 100 * status["progress"]
+            bar.set_postfix_str(status["status"], refresh=False)
+            bar.refresh()
+
+        final = client.wait_job(submitted["id"], on_progress=show)
+    if final["status"] != "succeeded":
+        print(f"error: job {final['id']} {final['status']}: {final.get('error') or ''}", file=sys.stderr)
+        return EXIT_SERVICE
+    print(f"# {args.group}.{args.method}: {final['elapsed_s']:.3f} s", file=sys.stderr)
+    _print_output(client.job_result(final["id"], binary=args.binary), args.json)
+    return EXIT_OK
+
+
 COMMANDS: dict[str, Callable[[SingleControllerClient, argparse.Namespace], int]] = {
+    "job": _cmd_job,
     "health": _cmd_health,
     "groups": _cmd_groups,
     "group": _cmd_group,

@@ -34,7 +34,7 @@ import asyncio
 import email.utils
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -191,6 +191,15 @@ def _call_request(
     if idempotency_key:
         headers["Idempotency-Key"] = idempotency_key
     return _Request("POST", f"/v1/groups/{_segment(group)}/{_segment(method)}", content, headers)
+
+
+def _job_request(
+    group: str, method: str, args: Sequence[Any], kwargs: Mapping[str, Any], binary: bool, split: int
+) -> _Request:
+    request = _call_request(group, method, args, kwargs, binary, False, None)
+    request.method = "POST"
+    request.path = f"/v1/jobs/{_segment(group)}/{_segment(method)}?split={int(split)}"
+    return request
 
 
 def _call_answer(group: str, method: str, response: httpx.Response) -> dict[str, Any]:
@@ -412,6 +421,48 @@ class SingleControllerClient:
         """``client.group_proxy("gpu_accumulator").add(x=[1, 1, 1, 1])``: the tutorial's
         ``worker_group.add(...)``, over HTTP; returns the output."""
         return _GroupProxy(self, group)
+
+    # -- jobs: long calls that answer at once ----------------------------------------------
+    def submit_job(
+        self,
+        group: str,
+        method: str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        binary: bool = False,
+        split: int = 1,
+    ) -> dict[str, Any]:
+        """``POST /v1/jobs/{group}/{method}``: the job's status (with its ``id``)."""
+        request = _job_request(group, method, args, kwargs or {}, binary, split)
+        return _json(_check(self._send(request)))
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """``GET /v1/jobs/{id}``: status, progress (0..1), elapsed seconds."""
+        return _json(_check(self._http.get(f"/v1/jobs/{_segment(job_id)}")))
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        return _json(_check(self._http.delete(f"/v1/jobs/{_segment(job_id)}")))
+
+    def job_result(self, job_id: str, binary: bool = False, full: bool = False) -> Any:
+        """A finished job's output (``full=True``: the whole answer); 409 while it runs."""
+        headers = {"Accept": SAFETENSORS_TYPE} if binary else {}
+        status = self.job(job_id)
+        response = self._http.get(f"/v1/jobs/{_segment(job_id)}/result", headers=headers)
+        answer = _call_answer(status["group"], status["method"], response)
+        return answer if full else answer["output"]
+
+    def wait_job(
+        self, job_id: str, on_progress: Callable[[dict[str, Any]], None] | None = None, interval: float = 0.5
+    ) -> dict[str, Any]:
+        """Poll until the job finishes; ``on_progress`` sees every status."""
+        while True:
+            status = self.job(job_id)
+            if on_progress is not None:
+                on_progress(status)
+            if status["status"] not in ("queued", "running"):
+                return status
+            time.sleep(interval)
 
     # -- Open Inference Protocol -----------------------------------------------------------
     def server_metadata(self) -> dict[str, Any]:

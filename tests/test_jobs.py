@@ -100,3 +100,15 @@ def test_jobs_survive_the_ingress_replica_restarting(http):
     assert answer is not None and answer.status_code == 200
     assert answer.json()["status"] == "succeeded"
     assert http.get(f"/v1/jobs/{job['id']}/result").status_code == 200
+
+
+def test_cli_runs_a_job_with_progress(service, http):
+    assert http.post("/v1/groups/mlp/init_model", json={"kwargs": {"config": SMALL}}).status_code == 200
+    done = subprocess.run(
+        [sys.executable, "-m", "clients.cli", "job", "mlp", "run_layer", "--random-input", "32,2,64",
+         "--binary", "--split", "4", "--url", service.url],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "submitted" in done.stderr and "mlp.run_layer" in done.stderr
+    assert "32, 2, 64" in done.stdout or "[32, 2, 64]" in done.stdout, done.stdout[:500]
