@@ -3,6 +3,7 @@ cancel, and job state that outlives the ingress replica."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -106,9 +107,10 @@ def test_cli_runs_a_job_with_progress(service, http):
     assert http.post("/v1/groups/mlp/init_model", json={"kwargs": {"config": SMALL}}).status_code == 200
     done = subprocess.run(
         [sys.executable, "-m", "clients.cli", "job", "mlp", "run_layer", "--random-input", "32,2,64",
-         "--binary", "--split", "4", "--url", service.url],
+         "--binary", "--split", "4", "--json", "--url", service.url],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "submitted" in done.stderr and "mlp.run_layer" in done.stderr
-    assert "32, 2, 64" in done.stdout or "[32, 2, 64]" in done.stdout, done.stdout[:500]
+    (y,) = json.loads(done.stdout)
+    assert y["datatype"] == "FP32" and y["shape"] == [32, 2, 64]
