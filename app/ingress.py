@@ -16,6 +16,7 @@ from ray import serve
 from app import call_body, oip
 from app.backend import Backend
 from app.errors import ApiError, error_response, install_error_handlers
+from app.oip_models import InferResponse, ModelMetadata, ServerMetadata
 from app.schemas import CallRequest, CallResponse, ErrorResponse, GroupDetail, GroupList, Health, JobStatus
 from app.settings import ServiceSettings
 
@@ -222,7 +223,7 @@ class Ingress:
         return await self.backend.job(job_id, "cancel")
 
     # -- Open Inference Protocol v2 ---------------------------------------------------
-    @fastapi_app.get("/v2", tags=["inference"])
+    @fastapi_app.get("/v2", tags=["inference"], response_model=ServerMetadata)
     async def server_metadata(self, request: Request) -> dict[str, Any]:
         self._guard(request)
         return {"name": oip.SERVER_NAME, "version": oip.SERVER_VERSION, "extensions": oip.EXTENSIONS}
@@ -249,7 +250,9 @@ class Ingress:
             raise ApiError(404, f"model {model!r}: group {entry.group!r} declares no inference inputs")
         return entry, spec
 
-    @fastapi_app.get("/v2/models/{model}", tags=["inference"], responses={404: ERRORS[404]})
+    @fastapi_app.get(
+        "/v2/models/{model}", tags=["inference"], response_model=ModelMetadata, responses={404: ERRORS[404]}
+    )
     async def model_metadata(self, model: str, request: Request) -> dict[str, Any]:
         self._guard(request)
         _entry, spec = await self._model_spec(model)
@@ -265,7 +268,10 @@ class Ingress:
     @fastapi_app.post(
         "/v2/models/{model}/infer",
         tags=["inference"],
-        responses={c: ERRORS[c] for c in (400, 401, 404, 413, 422, 503, 504)},
+        responses={
+            200: {"model": InferResponse, "description": "outputs (JSON, or JSON header + binary tensors)"},
+            **{c: ERRORS[c] for c in (400, 401, 404, 413, 422, 503, 504)},
+        },
         openapi_extra=INFER_BODY_DOC,
     )
     async def infer(self, model: str, request: Request) -> Response:
