@@ -21,6 +21,7 @@ class Backend:
         self.jobs = jobs
         self._group_owner: dict[str, str] = {}
         self._group_map_at = 0.0
+        self._io_specs: dict[tuple[str, str], dict[str, Any]] = {}
 
     async def _within_deadline(self, awaitable: Any, what: str) -> Any:
         # The controller enforces the request timeout on the workers; this margin only
@@ -88,7 +89,15 @@ class Backend:
         return status
 
     async def io_spec(self, controller: str, group: str) -> dict[str, Any]:
-        return await self._within_deadline(self.controllers[controller].handle_io_spec.remote(group), controller)
+        """A model's inputs and outputs: fixed by the deployment's code, so asked once
+        (an inference call then costs one hop to the controller, not two)."""
+        key = (controller, group)
+        if key not in self._io_specs:
+            spec = await self._within_deadline(self.controllers[controller].handle_io_spec.remote(group), controller)
+            if not spec:
+                return spec  # not an inference model (yet): ask again next time
+            self._io_specs[key] = spec
+        return self._io_specs[key]
 
     # -- jobs -----------------------------------------------------------------------
     def _jobs(self) -> Any:

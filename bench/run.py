@@ -87,6 +87,14 @@ def bench_library(quick: bool) -> dict[str, Any]:
         out["one_to_all_p50_ms"] = p50(lib) * 1e3
         out["one_to_all_ratio"] = out["one_to_all_p50_ms"] / out["fanout_raw_p50_ms"]
         out["execute_all_add_p50_ms"] = p50(timed(lambda: group.execute_all_sync("m", x=[1, 1, 1, 1]), n // 2)) * 1e3
+        # The same group's ONE_TO_ALL through its compiled graph (wg.compile()), beside raw Ray.
+        compiled_group = group.compile()
+        raw, comp = [], []
+        for _ in range(5):
+            raw += timed(lambda: ray.get([a.m.remote(1) for a in actors]), n // 5)
+            comp += timed(lambda: compiled_group.m(1), n // 5)
+        out["one_to_all_compiled_p50_ms"] = p50(comp) * 1e3
+        out["one_to_all_compiled_ratio"] = p50(comp) / p50(raw)
         try:
             from ray.dag import InputNode, MultiOutputNode
 
@@ -100,6 +108,7 @@ def bench_library(quick: bool) -> dict[str, Any]:
         except Exception as exc:  # compiled graphs are experimental; report, do not fail
             out["compiled_graph_error"] = f"{type(exc).__name__}: {exc}"
         group.shutdown()
+        out.update(bench_colocated_start(pool, Member))
 
         # MEGATRON_COMPUTE: tp=4 MLP forward against single-process torch
         seq, batch, hidden, ffn = (128, 4, 4096, 11008) if quick else (512, 4, 4096, 11008)
@@ -143,6 +152,33 @@ def bench_library(quick: bool) -> dict[str, Any]:
     finally:
         ray.shutdown()
     return out
+
+
+def bench_colocated_start(pool: Any, worker_cls: Any, roles: int = 2) -> dict[str, float]:
+    """Start ``roles`` worker classes on one pool: a group each, against one colocated
+    group (one process per bundle holding every role) then spawned per role."""
+    from single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
+    from single_controller.ray.colocated import create_colocated_worker_cls
+
+    start = time.perf_counter()
+    separate = [RayWorkerGroup(pool, RayClassWithInitArgs(cls=worker_cls)) for _ in range(roles)]
+    separate_s = time.perf_counter() - start
+    for group in separate:
+        group.shutdown()
+    start = time.perf_counter()
+    fused = RayWorkerGroup(
+        pool, create_colocated_worker_cls({f"role{i}": RayClassWithInitArgs(cls=worker_cls) for i in range(roles)})
+    )
+    spawned = fused.spawn(prefix_set=[f"role{i}" for i in range(roles)])
+    assert all(g.m(1) == [1] * pool.world_size for g in spawned.values())
+    colocated_s = time.perf_counter() - start
+    fused.shutdown()
+    return {
+        "start_separate_groups_s": separate_s,
+        "start_colocated_s": colocated_s,
+        "colocated_start_ratio": colocated_s / separate_s,
+        "colocated_roles": roles,
+    }
 
 
 # -- HTTP --------------------------------------------------------------------------
@@ -286,6 +322,7 @@ def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
 
 TARGETS = {
     "one_to_all_ratio": ("ONE_TO_ALL / raw fan-out p50", 1.15, "max"),
+    "one_to_all_compiled_ratio": ("ONE_TO_ALL compiled / raw fan-out p50", 1.0, "max"),
     "http_add_ratio": ("HTTP add / (no-op route + library)", 1.3, "max"),
     "safetensors_ratio": ("safetensors bandwidth / no-op", 0.5, "min"),
     "oip_binary_ratio": ("OIP binary bandwidth / no-op", 0.5, "min"),

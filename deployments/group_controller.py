@@ -119,16 +119,28 @@ def public_methods(cls: Any) -> dict[str, MethodInfo]:
     return methods
 
 
-@dataclass
-class GroupSpec:
-    """How to build one named group, and which of its methods only read state."""
+@dataclass(frozen=True)
+class Colocation:
+    """Groups whose workers share processes (one process per bundle holding every
+    role): ``build`` starts them all at once and returns each group by name. They share
+    their fate, so they are also rebuilt together."""
 
     name: str
-    build: Callable[[], Any]
+    build: Callable[[], dict[str, Any]]
+
+
+@dataclass
+class GroupSpec:
+    """How to build one named group, and which of its methods only read state. A
+    colocated group is built by its :class:`Colocation` (``build`` is then unused)."""
+
+    name: str
+    build: Callable[[], Any] | None
     worker_cls: Any
     resource_pool: str
     read_only: frozenset[str] = frozenset()
     extra_info: Callable[[Any], dict[str, Any]] | None = None
+    colocation: Colocation | None = None
 
 
 @dataclass
@@ -160,46 +172,69 @@ class GroupController:
                 if name in state.methods:
                     state.methods[name].mutating = False
             self._groups[spec.name] = state
-        # Groups start concurrently: each waits seconds for its worker processes.
-        with ThreadPoolExecutor(max_workers=len(self._groups) or 1) as pool:
-            for future in [pool.submit(self._start, state) for state in self._groups.values()]:
+        # A unit is what starts and fails as one: a group, or the groups of a colocation.
+        self._units: dict[str, list[GroupState]] = {}
+        for state in self._groups.values():
+            key = f"colocation:{state.spec.colocation.name}" if state.spec.colocation else state.spec.name
+            self._units.setdefault(key, []).append(state)
+        # Units start concurrently: each waits seconds for its worker processes.
+        with ThreadPoolExecutor(max_workers=len(self._units) or 1) as pool:
+            for future in [pool.submit(self._start, unit) for unit in self._units.values()]:
                 future.result()
 
     # -- lifecycle ------------------------------------------------------------------
-    def _start(self, state: GroupState) -> None:
-        group = state.spec.build()
-        group.get_timeout_s = self.request_timeout_s
-        state.group = group
-        if state.status == "starting":
-            state.status = "ready"
+    def _unit_of(self, state: GroupState) -> list[GroupState]:
+        colocation = state.spec.colocation
+        return self._units[f"colocation:{colocation.name}" if colocation else state.spec.name]
 
-    def _rebuild(self, state: GroupState) -> None:
-        """Replace a group that lost a worker, and replay its journal on the new one.
-        Holding the group's lock keeps new mutating calls out until the replay is done."""
-        with state.lock:
-            started = time.monotonic()
-            try:
+    def _start(self, unit: list[GroupState]) -> None:
+        colocation = unit[0].spec.colocation
+        if colocation is not None:
+            groups = colocation.build()
+        else:
+            groups = {unit[0].spec.name: unit[0].spec.build()}
+        for state in unit:
+            group = groups[state.spec.name]
+            group.get_timeout_s = self.request_timeout_s
+            state.group = group
+            if state.status == "starting":
+                state.status = "ready"
+
+    def _rebuild(self, unit: list[GroupState]) -> None:
+        """Replace a group (or colocated groups) that lost a worker, and replay each
+        journal on the new workers. Holding the groups' locks keeps new mutating calls
+        out until the replay is done."""
+        names = ", ".join(state.spec.name for state in unit)
+        locks = [state.lock for state in sorted(unit, key=lambda s: s.spec.name)]
+        for lock in locks:
+            lock.acquire()
+        started = time.monotonic()
+        try:
+            for state in unit:  # colocated groups share processes: shutting one down ends all
                 if state.group is not None:
                     state.group.shutdown()
                 state.group = None
-                self._start(state)
+            self._start(unit)
+            replayed = 0
+            for state in unit:
                 for method, args, kwargs in state.journal:
                     state.group.call_method(method, *args, **kwargs)
-                state.rebuilds += 1
-                state.last_error = None
-                with self._status_lock:
+                replayed += len(state.journal)
+            with self._status_lock:
+                for state in unit:
+                    state.rebuilds += 1
+                    state.last_error = None
                     state.status = "ready"
-                logger.warning(
-                    "group %s rebuilt in %.1f s, %d calls replayed",
-                    state.spec.name,
-                    time.monotonic() - started,
-                    len(state.journal),
-                )
-            except Exception as exc:  # keep the controller up; the next health check retries
-                state.last_error = f"{type(exc).__name__}: {exc}"
-                with self._status_lock:
+            logger.warning("groups %s rebuilt in %.1f s, %d calls replayed", names, time.monotonic() - started, replayed)
+        except Exception as exc:  # keep the controller up; the next health check retries
+            with self._status_lock:
+                for state in unit:
+                    state.last_error = f"{type(exc).__name__}: {exc}"
                     state.status = "failed"
-                logger.exception("rebuilding group %s failed", state.spec.name)
+            logger.exception("rebuilding groups %s failed", names)
+        finally:
+            for lock in reversed(locks):
+                lock.release()
 
     def _alive(self, state: GroupState) -> bool:
         try:
@@ -209,11 +244,13 @@ class GroupController:
             return False
 
     def _recover_in_background(self, state: GroupState) -> None:
+        unit = self._unit_of(state)
         with self._status_lock:
-            if state.status == "rebuilding":
+            if any(member.status == "rebuilding" for member in unit):
                 return
-            state.status = "rebuilding"
-        threading.Thread(target=self._rebuild, args=(state,), daemon=True).start()
+            for member in unit:
+                member.status = "rebuilding"
+        threading.Thread(target=self._rebuild, args=(unit,), daemon=True).start()
 
     def shutdown(self) -> None:
         for state in self._groups.values():
@@ -250,6 +287,9 @@ class GroupController:
             "status": state.status,
             "methods": [m.as_dict() for m in state.methods.values()],
         }
+        siblings = [other.spec.name for other in self._unit_of(state) if other is not state]
+        if siblings:  # these groups' ranks are the same processes
+            summary["colocated_with"] = siblings
         if group is not None and state.spec.extra_info is not None:
             summary.update(state.spec.extra_info(group))
         return summary

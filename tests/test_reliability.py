@@ -138,6 +138,51 @@ def test_killed_worker_fails_fast_then_group_recovers_with_acknowledged_state(se
     assert after == [b + a for b, a in zip(before, acknowledged, strict=True)]
 
 
+
+def test_colocated_groups_share_processes_and_recover_together(service, http):
+    """The merged pool's two groups are one process per bundle: killing one process
+    takes a rank from both, and both come back with exactly their acknowledged state."""
+    merge = http.get("/v1/groups/gpu_accumulator_merge").json()
+    decorator = http.get("/v1/groups/gpu_accumulator_decorator").json()
+    assert merge["colocated_with"] == ["gpu_accumulator_decorator"]
+    assert decorator["colocated_with"] == ["gpu_accumulator_merge"]
+    assert [r["pid"] for r in merge["ranks"]] == [r["pid"] for r in decorator["ranks"]]
+    assert len({r["pid"] for r in merge["ranks"]}) == 8
+    ok = http.post("/v1/groups/gpu_accumulator_merge/add", json={"kwargs": {"x": [1] * 8}})
+    assert ok.status_code == 200, ok.text
+    assert http.post("/v1/groups/gpu_accumulator_decorator/add", json={"kwargs": {"x": 3}}).status_code == 200
+    before = {g: values(http, g) for g in ("gpu_accumulator_merge", "gpu_accumulator_decorator")}
+    subprocess.run(
+        [sys.executable, "-c", KILL, merge["cluster"]["gcs_address"], merge["cluster"]["namespace"],
+         merge["ranks"][5]["actor_name"]],
+        check=True, timeout=120,
+    )
+    # Both groups lost rank 5: each answers 503 (with Retry-After) until rebuilt.
+    for group, body in (("gpu_accumulator_decorator", {"kwargs": {"x": 1}}),
+                        ("gpu_accumulator_merge", {"kwargs": {"x": [1] * 8}})):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            answer = http.post(f"/v1/groups/{group}/add", json=body)
+            if answer.status_code != 200:
+                assert answer.status_code == 503 and answer.headers.get("retry-after"), answer.text
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"{group} never noticed its dead process")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if [http.get(f"/v1/groups/{g}").json()["status"] for g in before] == ["ready", "ready"]:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail("colocated groups did not recover within 60 s")
+    assert {g: values(http, g) for g in before} == before
+    rebuilt = http.get("/v1/groups/gpu_accumulator_merge").json()
+    assert [r["pid"] for r in rebuilt["ranks"]] == [
+        r["pid"] for r in http.get("/v1/groups/gpu_accumulator_decorator").json()["ranks"]
+    ]
+    assert {r["pid"] for r in rebuilt["ranks"]}.isdisjoint({r["pid"] for r in merge["ranks"]})
+
 HOSTILE = [
     ("wrong per-rank length", "/v1/groups/gpu_accumulator/add", {"json": {"kwargs": {"x": [1, 1, 1]}}}, 422),
     ("truncated safetensors", "/v1/groups/gpu_accumulator/add",

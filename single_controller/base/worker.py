@@ -96,3 +96,11 @@ class Worker:
 
     def _ping(self) -> int:
         return self._rank
+
+    def _execute_compiled(self, call: tuple[str, tuple, dict] | None) -> Any:
+        """A compiled graph's step on this rank: ``(method, args, kwargs)``, or None for
+        a rank the call does not run on (a RANK_ZERO method on the other ranks)."""
+        if call is None:
+            return None
+        method, args, kwargs = call
+        return getattr(self, method)(*args, **kwargs)

@@ -155,6 +155,11 @@ class RayWorkerGroup(WorkerGroup):
         #: Objects put in the object store once to be shared by several ranks.
         self.object_store_puts = 0
         self._rank_info_cache: list[dict[str, Any]] | None = None
+        #: Set on a role's group spawned from colocated workers: its methods' prefix.
+        self._method_prefix = ""
+        #: What every role's group on these processes shares: the compiled graph, and
+        #: each rank's latest plain call while one exists (compiled calls wait for it).
+        self._shared: dict[str, Any] = {"compiled": None, "pending": {}}
         if worker_names is not None:
             self._attach_detached_workers(worker_names)
         elif resource_pool is None:
@@ -223,15 +228,50 @@ class RayWorkerGroup(WorkerGroup):
         self._workers = [ray.get_actor(name) for name in worker_names]
         self._worker_names = list(worker_names)
 
+    # -- colocated roles -------------------------------------------------------------
+    def spawn(self, prefix_set: Any) -> dict[str, RayWorkerGroup]:
+        """One group per role of a group started from ``create_colocated_worker_cls``.
+
+        Each role's group has that role's methods under their own names and sends them
+        to the shared processes, in one order with every other role's calls."""
+        roles = getattr(self.ray_cls_with_init, "roles", None)
+        if roles is None:
+            raise ValueError("spawn needs a group started from create_colocated_worker_cls(...)")
+        wanted = list(prefix_set)
+        unknown = [role for role in wanted if role not in roles]
+        if unknown:
+            raise ValueError(f"unknown roles {unknown}; this group holds {sorted(roles)}")
+        return {role: self._role_group(role, roles[role]) for role in wanted}
+
+    def _role_group(self, role: str, cls_with_init: RayClassWithInitArgs) -> RayWorkerGroup:
+        view = RayWorkerGroup.__new__(RayWorkerGroup)
+        WorkerGroup.__init__(view, resource_pool=self.resource_pool)
+        view._workers = self._workers
+        view._worker_names = self._worker_names
+        view._submit_lock = self._submit_lock  # one order per process, across roles
+        view.ray_cls_with_init = cls_with_init
+        view.resource_pool = self.resource_pool
+        view.name_prefix = self.name_prefix
+        view.get_timeout_s = self.get_timeout_s
+        view.object_store_puts = 0
+        view._rank_info_cache = None
+        view._method_prefix = f"{role}_"
+        view._shared = self._shared
+        view._bind_worker_method(cls_with_init.cls)
+        return view
+
     # -- transport ------------------------------------------------------------------
     def _submit(self, rank: int, method: str, args: tuple, kwargs: dict) -> Any:
         worker = self._workers[rank]
         try:
-            remote_method = getattr(worker, method)
+            remote_method = getattr(worker, self._method_prefix + method)
         except AttributeError:
             cls_name = user_class(self.ray_cls_with_init.cls).__name__
             raise AttributeError(f"worker class {cls_name} has no method {method!r}") from None
-        return remote_method.remote(*args, **kwargs)
+        future = remote_method.remote(*args, **kwargs)
+        if self._shared["compiled"] is not None:
+            self._shared["pending"][rank] = future
+        return future
 
     def _submit_many(self, method: str, calls: list[tuple[tuple, dict]]) -> list[Any]:
         return super()._submit_many(method, self._share_bulky(calls))
@@ -286,8 +326,23 @@ class RayWorkerGroup(WorkerGroup):
         """Ping every rank; raise (GetTimeoutError, RayActorError) unless all answer in time."""
         ray.get([w._ping.remote() for w in self._workers], timeout=timeout_s)
 
+    # -- compiled graph ---------------------------------------------------------------
+    def compile(self) -> Any:
+        """This group's methods run through a Ray Compiled Graph (see
+        :class:`single_controller.ray.compiled.CompiledWorkerGroup`); built once."""
+        from single_controller.ray.compiled import CompiledWorkerGroup
+
+        return CompiledWorkerGroup(self)
+
     def shutdown(self) -> None:
         """Kill this group's actors (the pool's placement groups stay for other groups)."""
+        compiled = self._shared.get("compiled")
+        if compiled is not None:
+            self._shared["compiled"] = None
+            try:
+                compiled.teardown()
+            except Exception:
+                pass
         for worker in self._workers:
             try:
                 ray.kill(worker)
