@@ -21,7 +21,7 @@ class Backend:
         self.jobs = jobs
         self._group_owner: dict[str, str] = {}
         self._group_map_at = 0.0
-        self._io_specs: dict[tuple[str, str], dict[str, Any]] = {}
+        self._io_specs: dict[tuple[str, str, str], dict[str, Any]] = {}
 
     async def _within_deadline(self, awaitable: Any, what: str) -> Any:
         # The controller enforces the request timeout on the workers; this margin only
@@ -88,14 +88,17 @@ class Backend:
                 status.update(result)
         return status
 
-    async def io_spec(self, controller: str, group: str) -> dict[str, Any]:
-        """A model's inputs and outputs: fixed by the deployment's code, so asked once
-        (an inference call then costs one hop to the controller, not two)."""
-        key = (controller, group)
-        if key not in self._io_specs:
-            spec = await self._within_deadline(self.controllers[controller].handle_io_spec.remote(group), controller)
+    async def io_spec(self, controller: str, group: str, method: str, fresh: bool = False) -> dict[str, Any]:
+        """A model's inputs and outputs. Kept between calls, so an inference call costs
+        one hop to the controller, not two; ``fresh`` asks the controller again (the
+        ingress does when an input does not fit the kept one: the layer may have been
+        re-initialised with another size)."""
+        key = (controller, group, method)
+        if fresh or key not in self._io_specs:
+            handle = self.controllers[controller]
+            spec = await self._within_deadline(handle.handle_io_spec.remote(group, method), controller)
             if not spec:
-                return spec  # not an inference model (yet): ask again next time
+                return spec  # not an inference model: nothing to keep
             self._io_specs[key] = spec
         return self._io_specs[key]
 

@@ -243,9 +243,9 @@ class Ingress:
             raise ApiError(404, f"unknown model {model!r}; models: {', '.join(self.settings.oip_models)}")
         return entry
 
-    async def _model_spec(self, model: str) -> tuple[Any, dict[str, Any]]:
+    async def _model_spec(self, model: str, fresh: bool = False) -> tuple[Any, dict[str, Any]]:
         entry = self._model(model)
-        spec = await self.backend.io_spec(entry.controller, entry.group)
+        spec = await self.backend.io_spec(entry.controller, entry.group, entry.method, fresh=fresh)
         if not spec.get("inputs") or not spec.get("outputs"):
             raise ApiError(404, f"model {model!r}: group {entry.group!r} declares no inference inputs")
         return entry, spec
@@ -255,7 +255,7 @@ class Ingress:
     )
     async def model_metadata(self, model: str, request: Request) -> dict[str, Any]:
         self._guard(request)
-        _entry, spec = await self._model_spec(model)
+        _entry, spec = await self._model_spec(model, fresh=True)
         return oip.model_metadata(model, spec)
 
     @fastapi_app.get("/v2/models/{model}/ready", tags=["inference"], responses={404: ERRORS[404]})
@@ -279,9 +279,16 @@ class Ingress:
         entry, spec = await self._model_spec(model)
         body = await self._body(request)
         inference, inputs = oip.parse_request(body, request.headers.get("inference-header-content-length"))
-        x = oip.check_input(inputs, spec)
-        outcome = await self.backend.call(entry.group, entry.method, [[x]], {})
-        (y,) = outcome["output"]
+        try:
+            x = oip.check_input(inputs, spec)
+        except ApiError:  # the kept spec may be stale (a layer re-initialised): ask again
+            entry, spec = await self._model_spec(model, fresh=True)
+            x = oip.check_input(inputs, spec)
+        if entry.dp_list:
+            outcome = await self.backend.call(entry.group, entry.method, [[x]], {})
+            (y,) = outcome["output"]
+        else:
+            y = (await self.backend.call(entry.group, entry.method, [x], {}))["output"]
         answer, header_length = oip.response(model, inference, spec, {spec["outputs"][0]["name"]: y})
         if header_length is None:
             return Response(answer, media_type="application/json")

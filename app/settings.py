@@ -10,13 +10,18 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 class OIPModel(BaseModel):
     """How an Open Inference Protocol model maps onto a group method: its one input
-    tensor is passed as a one-item dp list to ``method`` and the first output returned."""
+    tensor is ``method``'s argument, and what the method returns is the output."""
 
     model_config = ConfigDict(extra="forbid")
 
     controller: str
     group: str
     method: str
+    dp_list: bool = Field(
+        False,
+        description="the method takes a list of inputs, one per data-parallel rank, and returns one "
+        "output per input (MEGATRON_COMPUTE): the tensor goes in as a one-item list",
+    )
     input: str = "x"
     output: str = "y"
 
@@ -51,7 +56,12 @@ class ServiceSettings(BaseModel):
     )
     mlp: MLPSettings = MLPSettings()
     oip_models: dict[str, OIPModel] = Field(
-        default_factory=lambda: {"mlp": OIPModel(controller="mlp", group="mlp", method="run_layer")}
+        default_factory=lambda: {
+            "mlp": OIPModel(controller="mlp", group="mlp", method="run_layer", dp_list=True),
+            # transport checks: a tensor back whole, and a tensor in with 8 bytes out
+            "echo": OIPModel(controller="test_actor", group="test_actor", method="echo"),
+            "checksum": OIPModel(controller="test_actor", group="test_actor", method="checksum"),
+        }
     )
 
     @field_validator("auth_token")

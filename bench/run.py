@@ -185,13 +185,9 @@ def bench_colocated_start(pool: Any, worker_cls: Any, roles: int = 2) -> dict[st
 
 
 def bench_config() -> Path:
-    """serve_config.yaml plus the no-op floor app at /noop and an OIP echo model."""
+    """serve_config.yaml plus the no-op floor app at /noop."""
     document = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     app = document["applications"][0]
-    app["args"]["oip_models"] = {
-        "mlp": {"controller": "mlp", "group": "mlp", "method": "run_layer"},
-        "echo": {"controller": "test_actor", "group": "test_actor", "method": "echo"},
-    }
     app["args"]["max_body_bytes"] = 1 << 30
     document["applications"].append({"name": "noop", "route_prefix": "/noop", "import_path": "bench.noop_app:app"})
     path = RESULTS / "bench_config.yaml"
@@ -238,11 +234,11 @@ def safetensors_body(name: str, t: torch.Tensor) -> bytes:
     return encode_safetensors({name: t})
 
 
-def oip_body(name: str, t: torch.Tensor) -> tuple[bytes, dict[str, str]]:
+def oip_body(name: str, t: torch.Tensor, binary_output: bool) -> tuple[bytes, dict[str, str]]:
     raw = t.numpy().tobytes()
     header = json.dumps(
         {"inputs": [{"name": name, "datatype": "FP32", "shape": list(t.shape), "parameters": {"binary_data_size": len(raw)}}],
-         "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}
+         "outputs": [{"name": "y", "parameters": {"binary_data": binary_output}}]}
     ).encode()
     return header + raw, {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"}
 
@@ -259,6 +255,11 @@ def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
     try:
         with httpx.Client(base_url=proc.url, timeout=300) as http:
             assert http.get("/noop/ready").status_code == 200
+            pids = set()
+            for summary in http.get("/v1/groups").json()["groups"]:
+                ranks = http.get(f"/v1/groups/{summary['name']}").json().get("ranks", [])
+                pids |= {r["pid"] for r in ranks if "pid" in r}
+            out["service_worker_processes"] = len(pids)
             # a 4-rank group, as the library floor (execute_all over 4 workers)
             add = lambda: http.post("/v1/groups/gpu_accumulator/add", json={"kwargs": {"x": [1, 1, 1, 1]}})  # noqa: E731
             noop = lambda: http.post("/noop/call", json={"kwargs": {"x": 1}})  # noqa: E731
@@ -290,15 +291,16 @@ def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
             def post_noop() -> None:
                 http.post("/noop/call", content=body, headers={"Content-Type": "application/octet-stream"})
 
-            def post_safetensors() -> None:
-                r = http.post("/v1/groups/test_actor/echo", content=body,
+            def post_safetensors(method: str) -> None:
+                r = http.post(f"/v1/groups/test_actor/{method}", content=body,
                               headers={"Content-Type": "application/x-safetensors", "Accept": "application/x-safetensors"})
                 r.raise_for_status()
 
-            oip, oip_headers = oip_body("x", t)
+            oip_in, oip_headers = oip_body("x", t, binary_output=False)
+            oip_round, _ = oip_body("x", t, binary_output=True)
 
-            def post_oip() -> None:
-                r = http.post("/v2/models/echo/infer", content=oip, headers=oip_headers)
+            def post_oip(model: str, payload: bytes) -> None:
+                r = http.post(f"/v2/models/{model}/infer", content=payload, headers=oip_headers)
                 r.raise_for_status()
 
             small = torch.rand(1 << 18)  # 1 MiB as JSON
@@ -310,8 +312,12 @@ def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
             mb = nbytes / 1e6
             out["tensor_mib"] = mib
             out["noop_bandwidth_MBps"] = mb / min(timed(post_noop, reps, warmup=1))
-            out["safetensors_bandwidth_MBps"] = mb / min(timed(post_safetensors, reps, warmup=1))
-            out["oip_binary_bandwidth_MBps"] = mb / min(timed(post_oip, reps, warmup=1))
+            # Upload: the tensor in, its 8-byte checksum out (the no-op route's shape of work).
+            out["safetensors_bandwidth_MBps"] = mb / min(timed(lambda: post_safetensors("checksum"), reps, warmup=1))
+            out["oip_binary_bandwidth_MBps"] = mb / min(timed(lambda: post_oip("checksum", oip_in), reps, warmup=1))
+            # Round trip: the tensor in and back out (twice the bytes over HTTP), per tensor.
+            out["safetensors_echo_MBps"] = mb / min(timed(lambda: post_safetensors("echo"), reps, warmup=1))
+            out["oip_binary_echo_MBps"] = mb / min(timed(lambda: post_oip("echo", oip_round), reps, warmup=1))
             out["json_1MiB_bandwidth_MBps"] = (small.numel() * 4 / 1e6) / min(timed(post_json, reps, warmup=1))
             out["safetensors_ratio"] = out["safetensors_bandwidth_MBps"] / out["noop_bandwidth_MBps"]
             out["oip_binary_ratio"] = out["oip_binary_bandwidth_MBps"] / out["noop_bandwidth_MBps"]

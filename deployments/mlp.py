@@ -65,8 +65,10 @@ class MLPDeployment(ServedController):
                     return {**self.start_config, **config}
         return dict(self.start_config)
 
-    async def handle_io_spec(self, group: str) -> dict[str, Any]:
-        """``x`` and ``y``: FP32 ``[seq, batch, hidden]``, any seq and batch."""
+    async def handle_io_spec(self, group: str, method: str) -> dict[str, Any]:
+        """``run_layer``'s ``x`` and ``y``: FP32 ``[seq, batch, hidden]``, any seq and batch."""
+        if method != "run_layer":
+            return {}
         hidden = int(self.layer_config()["hidden_size"])
         tensor = {"datatype": "FP32", "shape": [-1, -1, hidden]}
         return {"inputs": [{"name": "x", **tensor}], "outputs": [{"name": "y", **tensor}]}

@@ -46,8 +46,9 @@ class ServedController(GroupController):
         outcome = await self._run(self.call, group, method, tuple(args), kwargs, idempotency_key)
         return dict(vars(outcome))  # shallow: outputs may be hundreds of MiB
 
-    async def handle_io_spec(self, group: str) -> dict[str, Any]:
-        """Input and output tensors of a group served as an inference model (none here)."""
+    async def handle_io_spec(self, group: str, method: str) -> dict[str, Any]:
+        """Input and output tensors of a group's method served as an inference model
+        (none here)."""
         return {}
 
     async def handle_describe(self) -> list[dict[str, Any]]:

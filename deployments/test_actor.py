@@ -24,11 +24,16 @@ class TestActorDeployment(ServedController):
             lambda: RayWorkerGroup(pool, RayClassWithInitArgs(TestActor, x=x)),
             TestActor,
             "pool [4]",
-            read_only=frozenset({"foo", "foo_custom", "foo_rank_zero", "history", "echo"}),
+            read_only=frozenset({"foo", "foo_custom", "foo_rank_zero", "history", "echo", "checksum"}),
         )
         super().__init__([spec], request_timeout_s=request_timeout_s)
 
-    async def handle_io_spec(self, group: str) -> dict:
-        """``echo`` served as an inference model: FP32 ``x`` of any 3-D shape back as ``y``."""
-        tensor = {"datatype": "FP32", "shape": [-1, -1, -1]}
-        return {"inputs": [{"name": "x", **tensor}], "outputs": [{"name": "y", **tensor}]}
+    async def handle_io_spec(self, group: str, method: str) -> dict:
+        """Two inference models: ``echo`` (FP32 ``x`` of any 3-D shape back as ``y``) and
+        ``checksum`` (its float64 sum as FP64 ``y`` of shape [1])."""
+        x = {"name": "x", "datatype": "FP32", "shape": [-1, -1, -1]}
+        if method == "echo":
+            return {"inputs": [x], "outputs": [{**x, "name": "y"}]}
+        if method == "checksum":
+            return {"inputs": [x], "outputs": [{"name": "y", "datatype": "FP64", "shape": [1]}]}
+        return {}

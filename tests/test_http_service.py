@@ -159,6 +159,30 @@ def test_tritonclient_against_v2(service, small_layer):
     assert np.allclose(y, y2)
 
 
+def test_transport_models_echo_and_checksum_over_binary_routes(service, http):
+    """A tensor in by safetensors and by OIP binary: echoed back bit for bit, and summed
+    on rank 0 (the upload-bandwidth route of bench/)."""
+    tritonclient = pytest.importorskip("tritonclient.http")
+    x = torch.rand(3, 5, 7)
+    expected = float(x.to(torch.float64).sum())
+    response = http.post(
+        "/v1/groups/test_actor/checksum",
+        content=safetensors_torch.save({"x": x}),
+        headers={"Content-Type": "application/x-safetensors", "Accept": "application/x-safetensors"},
+    )
+    assert response.status_code == 200, response.text
+    (total,) = safetensors_torch.load(response.content).values()
+    assert total.dtype == torch.float64 and total.tolist() == pytest.approx([expected], rel=1e-12)
+    client = tritonclient.InferenceServerClient(service.url.removeprefix("http://"))
+    inp = tritonclient.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x.numpy())
+    echoed = client.infer("echo", [inp], outputs=[tritonclient.InferRequestedOutput("y")]).as_numpy("y")
+    assert np.array_equal(echoed, x.numpy())
+    summed = client.infer("checksum", [inp]).as_numpy("y")
+    assert summed.dtype == np.float64 and summed.shape == (1,) and summed[0] == pytest.approx(expected, rel=1e-12)
+    assert http.get("/v2/models/checksum").json()["outputs"] == [{"name": "y", "datatype": "FP64", "shape": [1]}]
+
+
 def test_errors_are_json_with_status(http):
     cases = [
         (http.post("/v1/groups/nope/add", json={}), 404),

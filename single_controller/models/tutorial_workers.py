@@ -114,6 +114,12 @@ class TestActor(Worker):
         """Return ``x`` from rank 0: a round trip of a tensor, for transport checks."""
         return x
 
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def checksum(self, x):
+        """``x``'s sum (in float64) as a one-element tensor from rank 0: a tensor in,
+        a few bytes out, for upload bandwidth checks."""
+        return x.to(torch.float64).sum().reshape(1)
+
     @register(Dispatch.ONE_TO_ALL)
     def sleep(self, seconds: float):
         """Hold every rank for ``seconds`` (at most 60): a slow call, for timeouts."""
