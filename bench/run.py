@@ -296,11 +296,12 @@ def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
                               headers={"Content-Type": "application/x-safetensors", "Accept": "application/x-safetensors"})
                 r.raise_for_status()
 
-            oip_in, oip_headers = oip_body("x", t, binary_output=False)
-            oip_round, _ = oip_body("x", t, binary_output=True)
+            oip_in = oip_body("x", t, binary_output=False)
+            oip_round = oip_body("x", t, binary_output=True)
 
-            def post_oip(model: str, payload: bytes) -> None:
-                r = http.post(f"/v2/models/{model}/infer", content=payload, headers=oip_headers)
+            def post_oip(model: str, request: tuple[bytes, dict[str, str]]) -> None:
+                payload, headers = request
+                r = http.post(f"/v2/models/{model}/infer", content=payload, headers=headers)
                 r.raise_for_status()
 
             small = torch.rand(1 << 18)  # 1 MiB as JSON

@@ -152,7 +152,12 @@ class GroupState:
     status: str = "starting"  # starting | ready | rebuilding | failed
     last_error: str | None = None
     rebuilds: int = 0
+    #: Held while a mutating call is submitted (journal order = submission order) and
+    #: through a rebuild (no call starts on a group being replaced).
     lock: threading.RLock = field(default_factory=threading.RLock)
+    #: Mutating calls submitted and not yet settled; ``settled`` guards the journal.
+    inflight: int = 0
+    settled: threading.Condition = field(default_factory=threading.Condition)
 
 
 class GroupController:
@@ -214,6 +219,9 @@ class GroupController:
                 if state.group is not None:
                     state.group.shutdown()
                 state.group = None
+            for state in unit:  # calls in flight on the old workers settle (fail) first
+                with state.settled:
+                    state.settled.wait_for(lambda state=state: state.inflight == 0, timeout=self.request_timeout_s + 10)
             self._start(unit)
             replayed = 0
             for state in unit:
@@ -377,17 +385,22 @@ class GroupController:
                 outcome.status, outcome.error = 422, problem
                 return outcome
         try:
-            # The lock keeps journal order equal to submission order for mutating calls.
             if info.mutating:
+                # Submitted and journaled under the lock, so the journal's order is the
+                # order every rank runs them in; awaited outside it, so calls pipeline.
                 with state.lock:
                     if state.status != "ready":
                         outcome.status, outcome.retry_after_s = 503, 5.0
                         outcome.error = f"group {group!r} is {state.status}; retry shortly"
                         return outcome
+                    group_obj = state.group
                     # A copy, because a custom dispatch function may append to the lists.
                     entry = (method, copy.deepcopy(args), copy.deepcopy(kwargs))
-                    outcome.output = self._call_mutating(state, group_obj, method, args, kwargs)
-                    state.journal.append(entry)
+                    futures = group_obj.call_method(method, *args, blocking=False, **kwargs)
+                    with state.settled:
+                        state.journal.append(entry)
+                        state.inflight += 1
+                outcome.output = self._settle_mutating(state, entry, method, futures)
             else:
                 outcome.output = group_obj.call_method(method, *args, **kwargs)
         except DispatchError as exc:
@@ -407,31 +420,43 @@ class GroupController:
             outcome.error = f"{group}.{method} raised {type(cause).__name__}: {_first_line(cause)}"
         return outcome
 
-    def _call_mutating(self, state: GroupState, group_obj: Any, method: str, args: tuple, kwargs: dict) -> Any:
-        """Run a mutating call and see every rank's result. When some ranks applied it and
-        others failed, or it ran past the timeout (and may still apply), the workers no
-        longer match the journal: the group is restored from the journal in the
-        background, so the state is again exactly that of the acknowledged calls."""
-        futures = group_obj.call_method(method, *args, blocking=False, **kwargs)
-        refs = futures if isinstance(futures, list) else [futures]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.request_timeout_s)
-        if len(ready) < len(refs):
-            self._recover_in_background(state)
-            raise GetTimeoutError(f"{method} timed out")
+    def _settle_mutating(self, state: GroupState, entry: tuple, method: str, futures: Any) -> Any:
+        """Wait for a submitted mutating call on every rank. Only a call every rank
+        applied stays in the journal. When some ranks applied it and others failed, or
+        it ran past the timeout (and may still apply), the workers no longer match the
+        journal: the group is restored from the journal in the background, so the state
+        is again exactly that of the acknowledged calls."""
+        acknowledged = False
         try:
-            values = ray.get(refs)
-        except RayTaskError as first:
-            failed = 0
-            for ref in refs:
-                try:
-                    ray.get(ref)
-                except RayTaskError:
-                    failed += 1
-            if failed < len(refs):
-                logger.warning("%s.%s failed on some ranks only; restoring the group", state.spec.name, method)
+            refs = futures if isinstance(futures, list) else [futures]
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.request_timeout_s)
+            if len(ready) < len(refs):
                 self._recover_in_background(state)
-            raise first from None
-        return values if isinstance(futures, list) else values[0]
+                raise GetTimeoutError(f"{method} timed out")
+            try:
+                values = ray.get(refs)
+            except RayTaskError as first:
+                failed = 0
+                for ref in refs:
+                    try:
+                        ray.get(ref)
+                    except RayTaskError:
+                        failed += 1
+                if failed < len(refs):
+                    logger.warning("%s.%s failed on some ranks only; restoring the group", state.spec.name, method)
+                    self._recover_in_background(state)
+                raise first from None
+            acknowledged = True
+            return values if isinstance(futures, list) else values[0]
+        finally:
+            with state.settled:
+                if not acknowledged:
+                    for i in range(len(state.journal) - 1, -1, -1):
+                        if state.journal[i] is entry:
+                            del state.journal[i]
+                            break
+                state.inflight -= 1
+                state.settled.notify_all()
 
     @staticmethod
     def _per_rank_problem(method: str, world_size: int, args: tuple, kwargs: dict) -> str | None:

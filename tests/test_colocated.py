@@ -14,7 +14,7 @@ from single_controller.base import Worker
 from single_controller.base.decorator import Dispatch, Execute, register
 from single_controller.models.tutorial_workers import GPUAccumulator, GPUAccumulatorDecorator, TestActor
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from single_controller.ray.colocated import create_colocated_worker_cls
+from single_controller.ray.base import create_colocated_worker_cls  # verl's import path
 
 
 @ray.remote

@@ -6,6 +6,7 @@ from single_controller.ray.base import (
     RayResourcePool,
     RayWorkerGroup,
     ResourceUnavailableError,
+    create_colocated_worker_cls,
     merge_resource_pool,
 )
 
@@ -16,6 +17,7 @@ __all__ = [
     "RayResourcePool",
     "RayWorkerGroup",
     "ResourceUnavailableError",
+    "create_colocated_worker_cls",
     "merge_resource_pool",
 ]
 

@@ -1,6 +1,7 @@
 """The tutorial's import path: ``from single_controller.ray.base import RayResourcePool,
 RayClassWithInitArgs, RayWorkerGroup, merge_resource_pool``."""
 
+from single_controller.ray.colocated import create_colocated_worker_cls
 from single_controller.ray.resource_pool import (
     RayResourcePool,
     ResourceUnavailableError,
@@ -14,5 +15,6 @@ __all__ = [
     "RayResourcePool",
     "RayWorkerGroup",
     "ResourceUnavailableError",
+    "create_colocated_worker_cls",
     "merge_resource_pool",
 ]
