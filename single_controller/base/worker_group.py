@@ -212,13 +212,7 @@ class WorkerGroup:
     ) -> Any:
         dispatch = spec.dispatch_spec
         blocking = spec.blocking if blocking is None else blocking
-        try:
-            d_args, d_kwargs = dispatch.dispatch_fn(self, *args, **kwargs)
-        except DispatchError as exc:
-            message = str(exc)
-            raise DispatchError(message if message.startswith(f"{name}:") else f"{name}: {message}") from None
-        d_kwargs = dict(d_kwargs)
-        padding = int(d_kwargs.pop(PADDING_KEY, 0) or 0)
+        d_args, d_kwargs, padding = dispatch_arguments(self, name, spec, args, kwargs)
         if spec.execute_mode == Execute.RANK_ZERO:
             futures = self.execute_rank_zero_async(name, *d_args, **d_kwargs)
         else:
@@ -251,6 +245,20 @@ class WorkerGroup:
         group_method.__name__ = name
         group_method.__qualname__ = f"{type(self).__name__}.{name}"
         return group_method
+
+
+def dispatch_arguments(group: Any, name: str, spec: MethodSpec, args: tuple, kwargs: dict) -> tuple[tuple, dict, int]:
+    """Run a registered method's dispatch function: the per-rank arguments, and the
+    rows a PROTO dispatch padded (to drop from the collected output). A dispatch error
+    names the method."""
+    try:
+        d_args, d_kwargs = spec.dispatch_spec.dispatch_fn(group, *args, **kwargs)
+    except DispatchError as exc:
+        message = str(exc)
+        raise DispatchError(message if message.startswith(f"{name}:") else f"{name}: {message}") from None
+    d_kwargs = dict(d_kwargs)
+    padding = int(d_kwargs.pop(PADDING_KEY, 0) or 0)
+    return tuple(d_args), d_kwargs, padding
 
 
 def unpad_output(output: Any, padding: int) -> Any:

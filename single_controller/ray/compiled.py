@@ -27,9 +27,9 @@ from typing import Any
 import ray
 from ray.exceptions import RayTaskError
 
-from single_controller.base.decorator import PADDING_KEY, DispatchError, MethodSpec
+from single_controller.base.decorator import MethodSpec
 from single_controller.base.modes import Execute
-from single_controller.base.worker_group import split_per_rank, unpad_output
+from single_controller.base.worker_group import dispatch_arguments, split_per_rank, unpad_output
 from single_controller.ray.worker_group import RayWorkerGroup
 
 Call = tuple[str, tuple, dict] | None
@@ -119,19 +119,12 @@ class CompiledWorkerGroup:
         return self._call_registered(method_name, spec, args, kwargs)
 
     def _call_registered(self, name: str, spec: MethodSpec, args: tuple, kwargs: dict) -> Any:
-        dispatch = spec.dispatch_spec
-        try:
-            d_args, d_kwargs = dispatch.dispatch_fn(self.group, *args, **kwargs)
-        except DispatchError as exc:
-            message = str(exc)
-            raise DispatchError(message if message.startswith(f"{name}:") else f"{name}: {message}") from None
-        d_kwargs = dict(d_kwargs)
-        padding = int(d_kwargs.pop(PADDING_KEY, 0) or 0)
+        d_args, d_kwargs, padding = dispatch_arguments(self.group, name, spec, args, kwargs)
         if spec.execute_mode == Execute.RANK_ZERO:
             outputs: Any = self.execute_rank_zero_sync(name, *d_args, **d_kwargs)
         else:
             outputs = self.execute_all_sync(name, *d_args, **d_kwargs)
-        return unpad_output(dispatch.collect_fn(self.group, outputs), padding)
+        return unpad_output(spec.dispatch_spec.collect_fn(self.group, outputs), padding)
 
     def _make_method(self, name: str, spec: MethodSpec) -> Callable[..., Any]:
         def compiled_method(*args: Any, **kwargs: Any) -> Any:
