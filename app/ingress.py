@@ -7,6 +7,7 @@ Protocol under /v2. Every error is ``{"error": "..."}``.
 
 
 import hmac
+import warnings
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,6 +22,10 @@ from app.schemas import CallRequest, CallResponse, ErrorResponse, GroupDetail, G
 from app.settings import ServiceSettings
 
 #: Routes that answer without a bearer token (liveness and readiness probes).
+# Ray warns on every zero-copy send (see deployments.application.INGRESS_RUNTIME_ENV): the
+# ingress never writes to the tensors it sends, which is what the warning is about.
+warnings.filterwarnings("ignore", message="Zero-copy tensor serialization is enabled")
+
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"})
 
 ERRORS: dict[int | str, dict[str, Any]] = {

@@ -16,6 +16,13 @@ from deployments.jobs import JobsDeployment
 from deployments.mlp import MLPDeployment
 from deployments.test_actor import TestActorDeployment
 
+#: The ingress sends tensors it decoded from request bodies to the controllers with Ray's
+#: zero-copy tensor serialisation (the controller reads them straight from the object
+#: store instead of unpickling a copy). Only the ingress: it never writes to a tensor it
+#: sent, and the controllers send on to the workers by the default path, so a worker
+#: always gets a tensor of its own to modify.
+INGRESS_RUNTIME_ENV = {"env_vars": {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}}
+
 
 def _cluster_gpus() -> float:
     if not ray.is_initialized():
@@ -84,5 +91,6 @@ def build(args: dict[str, Any] | None = None) -> Application:
         ).bind(use_gpu=use_gpu, request_timeout_s=timeout)
     jobs = JobsDeployment.bind(controllers=controllers)
     return Ingress.options(
-        num_replicas=settings.ingress_replicas, ray_actor_options={"num_cpus": settings.ingress_cpus}
+        num_replicas=settings.ingress_replicas,
+        ray_actor_options={"num_cpus": settings.ingress_cpus, "runtime_env": INGRESS_RUNTIME_ENV},
     ).bind(controllers=controllers, settings=settings.model_dump(mode="json"), jobs=jobs)
