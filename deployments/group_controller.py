@@ -378,6 +378,10 @@ class GroupController:
             outcome.error = f"group {group!r} is {state.status}; retry shortly"
             return outcome
         group_obj = state.group
+        if group_obj is None:  # a rebuild began after the status check
+            outcome.status, outcome.retry_after_s = 503, 5.0
+            outcome.error = f"group {group!r} is rebuilding; retry shortly"
+            return outcome
         outcome.world_size = group_obj.world_size
         if not info.registered:
             problem = self._per_rank_problem(method, group_obj.world_size, args, kwargs)
