@@ -153,3 +153,29 @@ def test_compiled_and_plain_callers_in_threads_see_one_order_on_every_rank(coloc
     # each caller's own calls stay in its order
     for tag in "pc":
         assert [x for x in logs[0] if x.startswith(tag)] == [f"{tag}{i}" for i in range(15)]
+
+
+def test_colocated_example_runs_as_a_user_would():
+    """examples/colocated.py in its own process and Ray cluster: its printed numbers."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(
+        [sys.executable, str(root / "examples" / "colocated.py")],
+        capture_output=True, text=True, timeout=300, env=env, cwd=root,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout.splitlines()
+
+    def printed(label: str) -> str:
+        (line,) = [line for line in out if line.startswith(label)]
+        return line[len(label):].strip()
+
+    assert printed("acc.add(10)") == "[10.0, 11.0, 12.0, 13.0]"
+    assert printed("test.foo_custom") == "[8, 10, 8, 10]"
+    assert printed("compiled add(1)") == "[11.0, 12.0, 13.0, 14.0]"
+    assert printed("pids (acc)") == printed("pids (test)")
