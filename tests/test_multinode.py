@@ -38,6 +38,11 @@ def test_pool_of_two_nodes_numbers_ranks_node_by_node(seen):
     assert seen["add"] == [1.0, 2.0, 3.0, 4.0]
 
 
+def test_entries_of_a_pool_go_to_distinct_nodes_even_when_one_node_could_hold_all(seen):
+    nodes = seen["uneven_nodes_by_rank"]
+    assert nodes[0] == nodes[1] and nodes[2] == nodes[3] and nodes[0] != nodes[2]
+
+
 def test_merged_pool_spans_both_nodes(seen):
     assert seen["merged_local_ranks"] == [0, 0]
     assert seen["merged_nodes"][0] != seen["merged_nodes"][1]

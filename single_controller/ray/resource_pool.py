@@ -1,5 +1,7 @@
 """Ray resource pools: one STRICT_PACK placement group per node entry.
 
+When the cluster has a node for every entry, each entry goes to a node of its own
+(``ray.io/node-id`` label selectors); with fewer nodes (a single machine), entries share.
 Every group built on a pool (or on a merge of pools) places rank ``r`` in bundle
 ``r``, so ranks of different groups on one pool share that bundle's GPU. A pool the
 cluster cannot hold fails fast with what was asked and what the cluster has, never
@@ -24,6 +26,8 @@ from single_controller.base.worker_group import ResourcePool
 #: CPUs a bundle reserves when not told otherwise: small, so the tutorial's 8 bundles
 #: and a Serve application fit on a 2-core machine. Processes still share real cores.
 DEFAULT_CPUS_PER_BUNDLE = 0.1
+#: The label Ray gives every node: its node id.
+NODE_ID_LABEL = "ray.io/node-id"
 
 
 class ResourceUnavailableError(RuntimeError):
@@ -134,28 +138,59 @@ class RayResourcePool(ResourcePool):
         prefix = name or f"{self.name_prefix}sc_pool"
         lifetime = "detached" if self.detached else None
         bundle = self.bundle()
-        pgs = [
-            placement_group(
+
+        def entry_group(index: int, count: int, avoid: list[str]) -> PlacementGroup:
+            # Ray labels every node with its id: an entry placed after others avoids their nodes.
+            selector = [{NODE_ID_LABEL: f"!in({','.join(avoid)})"}] * count if avoid else None
+            return placement_group(
                 bundles=[dict(bundle) for _ in range(count)],
                 strategy=strategy,
                 name=f"{prefix}_{count}:{index}",
                 lifetime=lifetime,
+                bundle_label_selector=selector,
             )
-            for index, count in enumerate(self._store)
-        ]
-        ready, _ = ray.wait(
-            [pg.ready() for pg in pgs], num_returns=len(pgs), timeout=self.placement_timeout_s
-        )
-        if len(ready) < len(pgs):
-            for pg in pgs:
-                remove_placement_group(pg)
-            raise ResourceUnavailableError(
-                f"{self._asked()} could not be placed within {self.placement_timeout_s:g} s; "
-                f"{self._cluster_has()}; available now {_fmt(ray.available_resources())} "
-                "(other pools or actors may hold the rest)"
-            )
+
+        pgs: list[PlacementGroup] = []
+        if self._distinct_nodes_possible():
+            # One entry per node: each waits for the ones before it, to know their nodes.
+            used: list[str] = []
+            for index, count in enumerate(self._store):
+                pgs.append(entry_group(index, count, used))
+                if not self._wait_placed(pgs[-1:]):
+                    self._give_up(pgs)
+                used.append(placement_group_table(pgs[-1]).get("bundles_to_node_id", {}).get(0, ""))
+        else:
+            # Fewer nodes than entries (one machine, say): entries may share a node.
+            pgs = [entry_group(index, count, []) for index, count in enumerate(self._store)]
+            if not self._wait_placed(pgs):
+                self._give_up(pgs)
         self._order_by_node(pgs)
         return self.pgs
+
+    def _wait_placed(self, pgs: list[PlacementGroup]) -> bool:
+        ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=self.placement_timeout_s)
+        return len(ready) == len(pgs)
+
+    def _give_up(self, pgs: list[PlacementGroup]) -> None:
+        for pg in pgs:
+            remove_placement_group(pg)
+        raise ResourceUnavailableError(
+            f"{self._asked()} could not be placed within {self.placement_timeout_s:g} s; "
+            f"{self._cluster_has()}; available now {_fmt(ray.available_resources())} "
+            "(other pools or actors may hold the rest)"
+        )
+
+    def _distinct_nodes_possible(self) -> bool:
+        """Whether the cluster has a node of its own for every entry (by total resources)."""
+        if len(self._store) < 2:
+            return False
+        bundle = self.bundle()
+        largest = max(self._store)
+        roomy = [
+            n for n in ray.nodes()
+            if n.get("Alive") and all(n.get("Resources", {}).get(k, 0.0) + 1e-9 >= v * largest for k, v in bundle.items())
+        ]
+        return len(roomy) >= len(self._store)
 
     def _order_by_node(self, pgs: list[PlacementGroup]) -> None:
         """Order placement groups (and their process counts) by node address, so ranks
