@@ -21,11 +21,11 @@ from app.oip_models import InferResponse, ModelMetadata, ServerMetadata
 from app.schemas import CallRequest, CallResponse, ErrorResponse, GroupDetail, GroupList, Health, JobStatus
 from app.settings import ServiceSettings
 
-#: Routes that answer without a bearer token (liveness and readiness probes).
 # Ray warns on every zero-copy send (see deployments.application.INGRESS_RUNTIME_ENV): the
 # ingress never writes to the tensors it sends, which is what the warning is about.
 warnings.filterwarnings("ignore", message="Zero-copy tensor serialization is enabled")
 
+#: Routes that answer without a bearer token (liveness and readiness probes).
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"})
 
 ERRORS: dict[int | str, dict[str, Any]] = {

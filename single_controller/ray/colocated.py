@@ -33,6 +33,11 @@ class ColocatedClassWithInitArgs(RayClassWithInitArgs):
         super().__init__(cls)
         self.roles = dict(roles)
 
+    @staticmethod
+    def method_prefix(role: str) -> str:
+        """What a role's methods are prefixed with on the fused class."""
+        return f"{role}{ROLE_SEPARATOR}"
+
 
 def role_methods(cls: Any) -> list[str]:
     """Public methods a role contributes: its own and inherited ones, not ``Worker``'s."""
@@ -49,7 +54,7 @@ def _forwarder(role: str, name: str, original: Callable) -> Callable:
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return getattr(self._roles[role], name)(*args, **kwargs)
 
-    forward.__name__ = f"{role}{ROLE_SEPARATOR}{name}"
+    forward.__name__ = ColocatedClassWithInitArgs.method_prefix(role) + name
     forward.__doc__ = original.__doc__
     spec = get_method_spec(original)
     if spec is not None:
@@ -88,7 +93,7 @@ def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> 
         if not issubclass(plain, Worker):
             raise ValueError(f"role {role!r}: {plain.__name__} is not a Worker subclass")
         for name in role_methods(plain):
-            fused_name = f"{role}{ROLE_SEPARATOR}{name}"
+            fused_name = ColocatedClassWithInitArgs.method_prefix(role) + name
             if fused_name in attributes:
                 raise ValueError(f"roles collide on the fused method name {fused_name!r}")
             attributes[fused_name] = _forwarder(role, name, getattr(plain, name))

@@ -67,11 +67,7 @@ class CompiledWorkerGroup:
 
     def teardown(self) -> None:
         """Release the graph (the workers stay); the next call compiles it again."""
-        shared = self.group._shared
-        compiled, shared["compiled"] = shared["compiled"], None
-        shared["pending"] = {}
-        if compiled is not None:
-            compiled.teardown()
+        self.group._teardown_compiled()
 
     def _run(self, calls: list[Call]) -> list[Any]:
         """Execute one step: ``calls[r]`` on rank ``r``. Values in rank order."""

@@ -184,13 +184,13 @@ class RayResourcePool(ResourcePool):
         """Whether the cluster has a node of its own for every entry (by total resources)."""
         if len(self._store) < 2:
             return False
-        bundle = self.bundle()
         largest = max(self._store)
-        roomy = [
-            n for n in ray.nodes()
-            if n.get("Alive") and all(n.get("Resources", {}).get(k, 0.0) + 1e-9 >= v * largest for k, v in bundle.items())
-        ]
+        roomy = [n for n in ray.nodes() if n.get("Alive") and self._node_holds(n.get("Resources", {}), largest)]
         return len(roomy) >= len(self._store)
+
+    def _node_holds(self, resources: dict[str, float], count: int) -> bool:
+        """Whether a node with these total resources could hold ``count`` bundles."""
+        return all(resources.get(k, 0.0) + 1e-9 >= v * count for k, v in self.bundle().items())
 
     def _order_by_node(self, pgs: list[PlacementGroup]) -> None:
         """Order placement groups (and their process counts) by node address, so ranks
@@ -229,7 +229,7 @@ class RayResourcePool(ResourcePool):
             if totals.get(key, 0.0) + 1e-9 < needed:
                 problems.append(f"{needed:g} {key} in all")
         for count in set(self._store):
-            if not any(all(res.get(k, 0.0) + 1e-9 >= v * count for k, v in bundle.items()) for res in nodes):
+            if not any(self._node_holds(res, count) for res in nodes):
                 problems.append(f"{count} bundles on one node")
         if problems:
             hint = (

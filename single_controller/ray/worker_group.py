@@ -241,9 +241,10 @@ class RayWorkerGroup(WorkerGroup):
         unknown = [role for role in wanted if role not in roles]
         if unknown:
             raise ValueError(f"unknown roles {unknown}; this group holds {sorted(roles)}")
-        return {role: self._role_group(role, roles[role]) for role in wanted}
+        prefix = self.ray_cls_with_init.method_prefix
+        return {role: self._role_group(prefix(role), roles[role]) for role in wanted}
 
-    def _role_group(self, role: str, cls_with_init: RayClassWithInitArgs) -> RayWorkerGroup:
+    def _role_group(self, method_prefix: str, cls_with_init: RayClassWithInitArgs) -> RayWorkerGroup:
         view = RayWorkerGroup.__new__(RayWorkerGroup)
         WorkerGroup.__init__(view, resource_pool=self.resource_pool)
         view._workers = self._workers
@@ -255,7 +256,7 @@ class RayWorkerGroup(WorkerGroup):
         view.get_timeout_s = self.get_timeout_s
         view.object_store_puts = 0
         view._rank_info_cache = None
-        view._method_prefix = f"{role}_"
+        view._method_prefix = method_prefix
         view._shared = self._shared
         view._bind_worker_method(cls_with_init.cls)
         return view
@@ -329,20 +330,25 @@ class RayWorkerGroup(WorkerGroup):
     # -- compiled graph ---------------------------------------------------------------
     def compile(self) -> Any:
         """This group's methods run through a Ray Compiled Graph (see
-        :class:`single_controller.ray.compiled.CompiledWorkerGroup`); built once."""
+        :class:`single_controller.ray.compiled.CompiledWorkerGroup`), one graph per set
+        of processes, built on the first call."""
         from single_controller.ray.compiled import CompiledWorkerGroup
 
         return CompiledWorkerGroup(self)
 
+    def _teardown_compiled(self) -> None:
+        """Release the processes' compiled graph, if any (the workers stay)."""
+        compiled, self._shared["compiled"] = self._shared["compiled"], None
+        self._shared["pending"] = {}
+        if compiled is not None:
+            compiled.teardown()
+
     def shutdown(self) -> None:
         """Kill this group's actors (the pool's placement groups stay for other groups)."""
-        compiled = self._shared.get("compiled")
-        if compiled is not None:
-            self._shared["compiled"] = None
-            try:
-                compiled.teardown()
-            except Exception:
-                pass
+        try:
+            self._teardown_compiled()
+        except Exception:  # the graph's actors may be gone already
+            pass
         for worker in self._workers:
             try:
                 ray.kill(worker)
