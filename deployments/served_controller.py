@@ -4,6 +4,7 @@ handle calls, Serve's health check, and release of the workers on shutdown."""
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -12,6 +13,11 @@ import ray
 
 from deployments.group_controller import GroupController
 from single_controller.ray import RayResourcePool
+
+# Tensors from the ingress arrive zero-copy, read-only (deployments.application's
+# INGRESS_RUNTIME_ENV); the controller only reads and forwards them, so torch's warning
+# about non-writable arrays says nothing here.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", module="ray._private")
 
 #: Threads for blocking calls per controller replica (beyond max_ongoing_requests they queue).
 CALL_THREADS = 64
