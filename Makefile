@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint serve bench clean
+.PHONY: venv test test-unit test-ray test-e2e lint serve bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,6 +20,16 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The three layers of the suite: no Ray (seconds), one Ray cluster, `serve run` end to end.
+test-unit: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+
+test-ray: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/ray $(PYTEST_ARGS)
+
+test-e2e: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/e2e $(PYTEST_ARGS)
 
 serve: $(STAMP)
 	$(VENV)/bin/serve run serve_config.yaml

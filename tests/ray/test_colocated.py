@@ -162,7 +162,7 @@ def test_colocated_example_runs_as_a_user_would():
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     done = subprocess.run(
         [sys.executable, str(root / "examples" / "colocated.py")],
