@@ -7,19 +7,27 @@ actors. Keeping the flow here is what lets dispatch be tested without Ray.
 
 from __future__ import annotations
 
-import inspect
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from single_controller.base.decorator import (
-    PADDING_KEY,
-    DispatchError,
-    MethodSpec,
-    get_method_spec,
-)
+from single_controller.base.decorator import PADDING_KEY, DispatchError, MethodSpec
 from single_controller.base.modes import Execute
+from single_controller.base.worker_methods import registered_methods, user_class
 from single_controller.batch import is_batch, unpad_batch
+
+__all__ = [
+    "ClassWithInitArgs",
+    "PendingCall",
+    "ResourcePool",
+    "WorkerGroup",
+    "dispatch_arguments",
+    "registered_methods",
+    "split_per_rank",
+    "unpad_output",
+    "user_class",
+]
 
 
 class ResourcePool:
@@ -78,19 +86,18 @@ class ClassWithInitArgs:
         return self.cls(*self.args, **self.kwargs)
 
 
-def user_class(cls: Any) -> type:
-    """The plain Python class behind a ``@ray.remote`` actor class (or ``cls`` itself)."""
-    return getattr(cls, "__ray_actor_class__", cls)
+@dataclass
+class PendingCall:
+    """A call submitted to the ranks and not yet waited for (:meth:`WorkerGroup.submit`).
 
+    ``futures``: one per rank the call runs on, in rank order (one for a RANK_ZERO call).
+    ``collect(values)``: the caller's result from those futures' values, in the same
+    order, after the method's collect function and padding removal. Whoever holds the
+    futures waits for them the way it likes (``ray.get``, ``await``), with its own timeout.
+    """
 
-def registered_methods(cls: Any) -> dict[str, MethodSpec]:
-    """Every ``@register``-ed method of a worker class (inherited ones too)."""
-    found: dict[str, MethodSpec] = {}
-    for name, member in inspect.getmembers(user_class(cls)):
-        spec = get_method_spec(member)
-        if spec is not None:
-            found[name] = spec
-    return found
+    futures: list[Any]
+    collect: Callable[[list[Any]], Any]
 
 
 def split_per_rank(method: str, world_size: int, args: tuple, kwargs: dict) -> list[tuple[tuple, dict]]:
@@ -197,6 +204,23 @@ class WorkerGroup:
         return self._wait(self.execute_rank_zero_async(method_name, *args, **kwargs))
 
     execute_rank_zero = execute_rank_zero_async
+
+    def submit(self, method_name: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> PendingCall:
+        """Dispatch and submit a call to ``method_name`` without waiting for it: its
+        registered modes when it has them, else execute_all's. Arguments travel as given
+        in ``args`` and ``kwargs`` (no keyword of this method can be reached from them,
+        so a caller cannot switch blocking or any other control on)."""
+        args, kwargs = tuple(args), dict(kwargs or {})
+        spec = self._method_specs.get(method_name)
+        if spec is None:
+            return PendingCall(self.execute_all_async(method_name, *args, **kwargs), list)
+        d_args, d_kwargs, padding = dispatch_arguments(self, method_name, spec, args, kwargs)
+        collect_fn = spec.dispatch_spec.collect_fn
+        if spec.execute_mode == Execute.RANK_ZERO:
+            future = self.execute_rank_zero_async(method_name, *d_args, **d_kwargs)
+            return PendingCall([future], lambda values: unpad_output(collect_fn(self, values[0]), padding))
+        futures = self.execute_all_async(method_name, *d_args, **d_kwargs)
+        return PendingCall(futures, lambda values: unpad_output(collect_fn(self, list(values)), padding))
 
     def call_method(self, method_name: str, *args: Any, blocking: bool | None = None, **kwargs: Any) -> Any:
         """Call a worker method by name: with its registered modes when it has them,

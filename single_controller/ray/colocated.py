@@ -11,7 +11,6 @@ their fate too: shutting down (or losing) one process ends it for every role.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +18,7 @@ import ray
 
 from single_controller.base import Worker
 from single_controller.base.decorator import MAGIC_ATTR, get_method_spec
-from single_controller.base.worker_group import user_class
+from single_controller.base.worker_methods import public_methods, user_class
 from single_controller.ray.worker_group import RayClassWithInitArgs
 
 #: The separator between a role and a method in the fused class's method names.
@@ -37,17 +36,6 @@ class ColocatedClassWithInitArgs(RayClassWithInitArgs):
     def method_prefix(role: str) -> str:
         """What a role's methods are prefixed with on the fused class."""
         return f"{role}{ROLE_SEPARATOR}"
-
-
-def role_methods(cls: Any) -> list[str]:
-    """Public methods a role contributes: its own and inherited ones, not ``Worker``'s."""
-    plain = user_class(cls)
-    base_names = set(dir(Worker))
-    return [
-        name
-        for name, _ in inspect.getmembers(plain, predicate=inspect.isfunction)
-        if not name.startswith("_") and name not in base_names
-    ]
 
 
 def _forwarder(role: str, name: str, original: Callable) -> Callable:
@@ -92,7 +80,7 @@ def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> 
         plain = user_class(cls_with_init.cls)
         if not issubclass(plain, Worker):
             raise ValueError(f"role {role!r}: {plain.__name__} is not a Worker subclass")
-        for name in role_methods(plain):
+        for name in public_methods(plain, include_library=True):
             fused_name = ColocatedClassWithInitArgs.method_prefix(role) + name
             if fused_name in attributes:
                 raise ValueError(f"roles collide on the fused method name {fused_name!r}")
