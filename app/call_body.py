@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from app.body import JSON, SAFETENSORS
 from app.errors import ApiError
 from app.schemas import CallRequest
 from app.tensor_codec import (
@@ -24,9 +25,6 @@ from app.tensor_codec import (
     pack_output,
     unpack_call,
 )
-
-JSON = "application/json"
-SAFETENSORS = "application/x-safetensors"
 
 
 def _reject_constant(name: str) -> Any:
@@ -55,20 +53,14 @@ def loads_strict(body: bytes) -> Any:
         raise ApiError(400, f"body is not valid JSON: {exc}") from None
 
 
-def media_type(header: str | None) -> str:
-    return (header or "").split(";", 1)[0].strip().lower()
-
-
-def parse_call_body(content_type: str | None, body: bytes) -> tuple[list, dict]:
-    """``(args, kwargs)`` of a call, tensors decoded to torch."""
-    kind = media_type(content_type)
+def parse_call_body(kind: str, body: bytes) -> tuple[list, dict]:
+    """``(args, kwargs)`` of a call whose body is ``kind`` (JSON or safetensors, checked
+    by the route), tensors decoded to torch."""
     if kind == SAFETENSORS:
         try:
             return [], unpack_call(decode_safetensors(body))
         except TensorCodecError as exc:
             raise ApiError(400, f"bad safetensors body: {exc}") from None
-    if kind not in (JSON, "") and not kind.endswith("+json"):
-        raise ApiError(415, f"unsupported Content-Type {kind!r}: send {JSON} or {SAFETENSORS}")
     payload = loads_strict(body) if body.strip() else {}
     try:
         request = CallRequest.model_validate(payload)
@@ -98,3 +90,37 @@ def output_as_safetensors(output: Any) -> bytes:
         return encode_safetensors(pack_output(output))
     except TensorCodecError as exc:
         raise ApiError(406, f"output cannot be sent as safetensors ({exc}); ask for {JSON}") from None
+
+
+def json_value_count(value: Any, _depth: int = 0) -> int:
+    """How many JSON values encoding ``value`` would make (a tensor's or array's elements
+    count one each), without encoding it."""
+    if _depth > 100:
+        return 1
+    numel = getattr(value, "numel", None)
+    if callable(numel):
+        return int(numel())
+    size = getattr(value, "size", None)
+    if isinstance(size, int) and hasattr(value, "dtype"):
+        return size
+    if isinstance(value, dict):
+        return 1 + sum(json_value_count(v, _depth + 1) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return 1 + sum(json_value_count(v, _depth + 1) for v in value)
+    return 1
+
+
+def call_answer_body(output: Any, envelope: dict[str, Any], accept: str | None, max_json_values: int) -> tuple[bytes, str]:
+    """The body and media type answering a call: safetensors when asked for, else JSON
+    (refused past ``max_json_values`` values, pointing to safetensors)."""
+    if wants_safetensors(accept):
+        return output_as_safetensors(output), SAFETENSORS
+    count = json_value_count(output)
+    if count > max_json_values:
+        raise ApiError(
+            406,
+            f"the answer has {count} values, over the {max_json_values} a JSON answer may carry; "
+            f"ask for it with 'Accept: {SAFETENSORS}'",
+        )
+    document = {**envelope, "output": output_as_json(output)}
+    return json.dumps(document, separators=(",", ":"), allow_nan=False).encode(), JSON

@@ -1,4 +1,8 @@
-"""Every error the service answers is JSON ``{"error": "..."}`` with a meaningful status."""
+"""Every error the service answers is JSON ``{"error": "..."}`` with a meaningful status.
+
+The controllers say what went wrong as an ``ErrorKind``; :data:`STATUS_OF` is the one
+place that turns it into an HTTP status.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,23 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from deployments.contract import ControllerError, ErrorKind
+
+#: HTTP status of each kind of controller error.
+STATUS_OF: dict[ErrorKind, int] = {
+    ErrorKind.UNKNOWN_GROUP: 404,
+    ErrorKind.UNKNOWN_METHOD: 404,
+    ErrorKind.UNKNOWN_MODEL: 404,
+    ErrorKind.BAD_ARGUMENTS: 422,
+    ErrorKind.BAD_INPUT: 400,
+    ErrorKind.METHOD_RAISED: 422,
+    ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.TIMEOUT: 504,
+    ErrorKind.IDEMPOTENCY_CONFLICT: 422,
+    ErrorKind.OVER_LIMIT: 429,
+    ErrorKind.NOT_ENCODABLE: 406,
+}
 
 
 class ApiError(Exception):
@@ -16,6 +37,13 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.headers = headers or {}
+
+    @classmethod
+    def of(cls, error: ControllerError) -> ApiError:
+        headers = {}
+        if error.retry_after_s:
+            headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
+        return cls(STATUS_OF[error.kind], error.message, headers)
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:

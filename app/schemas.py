@@ -43,16 +43,23 @@ class MethodDescription(BaseModel):
     dispatch_mode: str
     execute_mode: str
     registered: bool
+    read_only: bool = Field(..., description="changes no state: not journaled")
 
 
 class GroupSummary(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     name: str
+    deployment: str = Field(..., description="the controller deployment that owns the group")
     world_size: int | None
     resource_pool: str
     worker_class: str
     status: str = Field(..., description="starting, ready, rebuilding or failed")
+    last_error: str | None = Field(None, description="why the group last rebuilt or failed")
+    rebuilds: int = 0
+    replayed_calls: int = Field(0, description="journaled calls replayed by rebuilds so far")
+    journal_length: int = Field(0, description="acknowledged mutating calls a rebuild would replay")
+    colocated_with: list[str] = Field(default_factory=list, description="groups sharing these processes")
     methods: list[MethodDescription]
 
 
@@ -95,3 +102,31 @@ class JobStatus(BaseModel):
     status_code: int | None = None
     submitted_at: float
     elapsed_s: float
+
+
+CALL_BODY_DOC = {
+    "requestBody": {
+        "required": False,
+        "content": {
+            "application/json": {"schema": CallRequest.model_json_schema()},
+            "application/x-safetensors": {
+                "schema": {"type": "string", "format": "binary"},
+                "description": "keyword tensors by name; list items as name.0, name.1, ...",
+            },
+        },
+    }
+}
+
+INFER_BODY_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"type": "object", "description": "OIP v2 inference request"}},
+            "application/octet-stream": {
+                "schema": {"type": "string", "format": "binary"},
+                "description": "binary tensor data extension: JSON header (Inference-Header-Content-Length "
+                "bytes) followed by the tensors' raw bytes",
+            },
+        },
+    }
+}

@@ -36,15 +36,25 @@ class ServeProcess:
     """``serve run`` in a fresh local Ray cluster of its own (the machine's resources)."""
 
     def __init__(
-        self, config: Path = CONFIG, env: dict[str, str] | None = None, overrides: dict | None = None
+        self,
+        config: Path = CONFIG,
+        env: dict[str, str] | None = None,
+        overrides: dict | None = None,
+        deployments: list[str] | None = None,
     ) -> None:
-        self.port = 8000 if port_free(8000) and not overrides else free_port()
+        """``overrides`` replace keys of the application's ``args``; ``deployments`` keeps
+        only the named ones of the config's deployments."""
+        changed = bool(overrides) or deployments is not None
+        self.port = 8000 if port_free(8000) and not changed else free_port()
         self.config = config
-        if self.port != 8000 or overrides:
+        if self.port != 8000 or changed:
             # Same config, another port (8000 is taken here) and any test overrides of the args.
             document = yaml.safe_load(config.read_text())
             document["http_options"]["port"] = self.port
-            document["applications"][0]["args"].update(overrides or {})
+            args = document["applications"][0]["args"]
+            args.update(overrides or {})
+            if deployments is not None:
+                args["deployments"] = [d for d in args["deployments"] if d["name"] in deployments]
             handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=ROOT)
             yaml.safe_dump(document, handle)
             handle.close()
@@ -76,6 +86,23 @@ class ServeProcess:
             time.sleep(2)
         self.stop()
         raise TimeoutError(f"service not ready within {timeout_s:g} s:\n{self.tail()}")
+
+    def gcs_address(self) -> str:
+        """The address of the Ray cluster this ``serve run`` started (read from its
+        raylet's command line), for tests that reach its actors with Ray's API."""
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.getsid(int(entry.name)) != self.proc.pid:
+                    continue
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except (OSError, ProcessLookupError):
+                continue
+            for arg in argv:
+                if arg.startswith(b"--gcs-address="):
+                    return arg.split(b"=", 1)[1].decode()
+        raise RuntimeError("no raylet found among this serve run's processes")
 
     def tail(self, lines: int = 60) -> str:
         self.log.flush()

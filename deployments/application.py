@@ -1,5 +1,6 @@
-"""The Serve application: the three controller deployments and the ingress, wired from
-the serve config's ``args`` (``import_path: deployments.application:build``)."""
+"""The Serve application, built from the serve config's ``args``
+(``import_path: deployments.application:build``): one controller deployment per declared
+deployment, the jobs deployment, and the HTTP ingress with its static route table."""
 
 from __future__ import annotations
 
@@ -9,12 +10,11 @@ import ray
 from ray.serve import Application
 
 from app.ingress import Ingress
-from app.settings import ServiceSettings
-from deployments import accumulators, test_actor
-from deployments.accumulators import AccumulatorsDeployment
+from app.settings import IngressSettings, ModelRoute
+from deployments.config import ServiceConfig, load_config
 from deployments.jobs import JobsDeployment
-from deployments.mlp import MLPDeployment
-from deployments.test_actor import TestActorDeployment
+from deployments.placement import GpuBudget, plan_deployment
+from deployments.served_controller import ControllerDeployment
 
 #: The ingress sends tensors it decoded from request bodies to the controllers with Ray's
 #: zero-copy tensor serialisation (the controller reads them straight from the object
@@ -30,67 +30,38 @@ def _cluster_gpus() -> float:
     return float(ray.cluster_resources().get("GPU", 0.0))
 
 
-class GpuBudget:
-    """``use_gpu: auto`` gives a deployment GPU bundles while the cluster has enough left
-    for all of its workers, in config order; the rest run on CPU bundles."""
-
-    def __init__(self, setting: str | bool) -> None:
-        self.setting = setting
-        self.left = _cluster_gpus() if setting == "auto" else 0.0
-
-    def take(self, workers: int) -> bool:
-        if self.setting != "auto":
-            return bool(self.setting)
-        if self.left >= workers:
-            self.left -= workers
-            return True
-        return False
-
-
-def _placement(settings: ServiceSettings, workers: int, use_gpu: bool) -> dict[str, Any]:
-    """The replica's own bundle first, then one per worker: Serve reserves them with the
-    replica (so the scheduler and autoscaler see them) and frees them when it stops."""
-    worker_bundle: dict[str, float] = {"CPU": settings.worker_cpus}
-    if use_gpu:
-        worker_bundle["GPU"] = 1.0
-    return {
-        "ray_actor_options": {"num_cpus": settings.replica_cpus},
-        "placement_group_bundles": [{"CPU": settings.replica_cpus}] + [dict(worker_bundle) for _ in range(workers)],
-        "placement_group_strategy": "STRICT_PACK",
-    }
+def ingress_settings(config: ServiceConfig) -> IngressSettings:
+    """What the ingress needs: its HTTP settings and where each group and model lives."""
+    limits = config.limits
+    return IngressSettings(
+        auth_token=config.auth_token,
+        max_body_bytes=config.max_body_bytes,
+        request_timeout_s=config.request_timeout_s,
+        max_json_tensors=limits.max_json_tensors,
+        max_json_values=limits.max_json_values,
+        max_json_answer_values=limits.max_json_answer_values,
+        max_split=limits.max_split,
+        groups=config.deployment_of_group(),
+        models={
+            model.name: ModelRoute(deployment=d.name, group=model.group, outputs=[t.name for t in model.outputs])
+            for d, model in config.models()
+        },
+    )
 
 
 def build(args: dict[str, Any] | None = None) -> Application:
-    settings = ServiceSettings.from_args(args)
-    gpus = GpuBudget(settings.use_gpu)
-    timeout = settings.request_timeout_s
-    wanted = set(settings.deployments)
+    config = load_config(args)
+    budget = GpuBudget(_cluster_gpus())
+    service = config.model_dump(mode="json", exclude={"deployments"})
     controllers: dict[str, Application] = {}
-
-    if "mlp" in wanted:
-        use_gpu = gpus.take(settings.mlp.tp)
-        controllers["mlp"] = MLPDeployment.options(**_placement(settings, settings.mlp.tp, use_gpu)).bind(
-            use_gpu=use_gpu,
-            request_timeout_s=timeout,
-            tp=settings.mlp.tp,
-            layer={
-                "hidden_size": settings.mlp.hidden_size,
-                "intermediate_size": settings.mlp.intermediate_size,
-                "hidden_act": settings.mlp.hidden_act,
-            },
-        )
-    if "accumulators" in wanted:
-        use_gpu = gpus.take(accumulators.WORKER_BUNDLES)
-        controllers["accumulators"] = AccumulatorsDeployment.options(
-            **_placement(settings, accumulators.WORKER_BUNDLES, use_gpu)
-        ).bind(use_gpu=use_gpu, request_timeout_s=timeout)
-    if "test_actor" in wanted:
-        use_gpu = gpus.take(test_actor.WORKER_BUNDLES)
-        controllers["test_actor"] = TestActorDeployment.options(
-            **_placement(settings, test_actor.WORKER_BUNDLES, use_gpu)
-        ).bind(use_gpu=use_gpu, request_timeout_s=timeout)
-    jobs = JobsDeployment.bind(controllers=controllers)
+    for deployment in config.deployments:
+        plan = plan_deployment(deployment, config, budget)
+        controllers[deployment.name] = ControllerDeployment.options(
+            name=deployment.name, max_ongoing_requests=deployment.max_ongoing_requests, **plan.serve_options()
+        ).bind(deployment.model_dump(mode="json"), plan, service)
+    read_only = {group.name: list(group.read_only) for _, group in config.groups()}
+    jobs = JobsDeployment.bind(controllers, read_only, config.limits.model_dump())
     return Ingress.options(
-        num_replicas=settings.ingress_replicas,
-        ray_actor_options={"num_cpus": settings.ingress_cpus, "runtime_env": INGRESS_RUNTIME_ENV},
-    ).bind(controllers=controllers, settings=settings.model_dump(mode="json"), jobs=jobs)
+        num_replicas=config.ingress_replicas,
+        ray_actor_options={"num_cpus": config.ingress_cpus, "runtime_env": INGRESS_RUNTIME_ENV},
+    ).bind(controllers, ingress_settings(config).model_dump(), jobs)

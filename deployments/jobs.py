@@ -3,10 +3,16 @@ background; its state (status, progress, result) lives in this deployment, outsi
 ingress, so it survives an ingress replica restarting.
 
 A job may ``split`` its input: every tensor of its dp-list argument (as MEGATRON_COMPUTE
-takes) is cut into that many pieces along dim 0, the pieces run one
-after another (progress = pieces done / pieces) and the outputs are concatenated along
-dim 0. Only for methods whose output rows depend on their input rows alone, such as the
-MLP layer (position-wise over seq).
+takes) is cut into that many pieces along dim 0, the pieces run one after another
+(progress = pieces done / pieces) and the outputs are concatenated along dim 0. Only for
+read-only methods whose output rows depend on their input rows alone, such as the MLP
+layer: a mutating method's pieces would be applied in part when a piece fails or the job
+is cancelled. Cancelling ends the job at once and starts no further piece; a call already
+on the workers finishes there and, when it changes state, is journaled like any
+acknowledged call (the controller settles it whoever stopped waiting).
+
+Bounded: ``jobs_running`` at once, ``jobs_queued`` waiting (more are refused), and the
+finished ones kept by count and by their results' bytes, oldest dropped first.
 """
 
 from __future__ import annotations
@@ -14,79 +20,103 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from ray import serve
 
-#: Finished jobs kept (oldest results dropped first).
-MAX_FINISHED_JOBS = 100
+from deployments.config import LimitsConfig
+from deployments.contract import CallRequest, CallResult, ControllerError, ErrorKind
+from deployments.idempotency import estimate_bytes
+from deployments.supervisor import first_line
 
 
 @dataclass
 class Job:
     id: str
-    group: str
-    method: str
+    request: CallRequest
     controller: str
     split: int
     status: str = "queued"  # queued | running | succeeded | failed | cancelled
     progress: float = 0.0
     error: str | None = None
-    status_code: int | None = None
+    error_kind: str | None = None
+    cancel_requested: bool = False
     submitted_at: float = field(default_factory=time.time)
     started_at: float | None = None
     finished_at: float | None = None
-    outcome: dict[str, Any] | None = None
+    outcome: CallResult | None = None
+    result_bytes: int = 0
     task: asyncio.Task | None = None
 
     def describe(self) -> dict[str, Any]:
         now = time.time()
         return {
             "id": self.id,
-            "group": self.group,
-            "method": self.method,
+            "group": self.request.group,
+            "method": self.request.method,
             "status": self.status,
             "progress": round(self.progress, 4),
             "split": self.split,
             "error": self.error,
-            "status_code": self.status_code,
+            "error_kind": self.error_kind,
+            "cancel_requested": self.cancel_requested,
             "submitted_at": self.submitted_at,
             "elapsed_s": round((self.finished_at or now) - (self.started_at or now), 3),
         }
 
 
-def split_call(args: list, kwargs: dict, pieces: int) -> list[tuple[list, dict]]:
-    """The call's arguments for each piece. The argument split is the first positional
-    one, or else the one keyword argument, that is a list of tensors (one per dp rank):
-    each of its tensors is cut into ``pieces`` along dim 0; other arguments are unchanged."""
-    if pieces <= 1:
-        return [(args, kwargs)]
+def split_target(args: list, kwargs: dict) -> tuple[int | str, list[torch.Tensor]]:
+    """The argument a split cuts: the first positional one, or else the one keyword
+    argument, that is a list of tensors (one per dp rank)."""
 
     def tensors(value: Any) -> bool:
         return isinstance(value, list) and bool(value) and all(isinstance(t, torch.Tensor) for t in value)
 
     if args and tensors(args[0]):
-        key: int | str = 0
-        target = args[0]
-    else:
-        candidates = [k for k, v in kwargs.items() if tensors(v)]
-        if args or len(candidates) != 1:
-            raise ValueError("split needs one argument that is a list of tensors (one per dp rank)")
-        key, target = candidates[0], kwargs[candidates[0]]
+        return 0, args[0]
+    candidates = [k for k, v in kwargs.items() if tensors(v)]
+    if args or len(candidates) != 1:
+        raise ValueError("split needs one argument that is a list of tensors (one per dp rank)")
+    return candidates[0], kwargs[candidates[0]]
+
+
+def check_split(args: list, kwargs: dict, pieces: int, max_views: int) -> None:
+    """ValueError unless the call splits into ``pieces``: checked from the shapes alone,
+    before any piece is made (cost in proportion to the arguments, not to ``pieces``)."""
+    if pieces <= 1:
+        return
+    _, target = split_target(args, kwargs)
+    if pieces * len(target) > max_views:
+        raise ValueError(
+            f"split={pieces} of {len(target)} tensors makes {pieces * len(target)} pieces, over the limit of {max_views}"
+        )
     for tensor in target:
         if tensor.dim() == 0 or tensor.shape[0] < pieces:
             raise ValueError(f"cannot split a tensor of shape {list(tensor.shape)} into {pieces} pieces")
-    chunks = [torch.tensor_split(t, pieces, dim=0) for t in target]
-    calls = []
+
+
+def piece_span(rows: int, pieces: int, index: int) -> tuple[int, int]:
+    """``(start, length)`` of piece ``index`` of ``rows`` rows cut into ``pieces``
+    (torch.tensor_split's sizes: the first ``rows % pieces`` pieces one row longer)."""
+    size, extra = divmod(rows, pieces)
+    return index * size + min(index, extra), size + (1 if index < extra else 0)
+
+
+def split_calls(args: list, kwargs: dict, pieces: int) -> Iterator[tuple[list, dict]]:
+    """Each piece's arguments, made one at a time as the job reaches it."""
+    if pieces <= 1:
+        yield args, kwargs
+        return
+    key, target = split_target(args, kwargs)
     for i in range(pieces):
-        piece = [c[i] for c in chunks]
+        piece = [t.narrow(0, *piece_span(t.shape[0], pieces, i)) for t in target]
         if key == 0:
-            calls.append(([piece, *args[1:]], kwargs))
+            yield [piece, *args[1:]], kwargs
         else:
-            calls.append((args, {**kwargs, key: piece}))
-    return calls
+            yield args, {**kwargs, key: piece}
 
 
 def join_outputs(outputs: list[Any]) -> Any:
@@ -98,50 +128,74 @@ def join_outputs(outputs: list[Any]) -> Any:
 
 @serve.deployment(name="jobs", max_ongoing_requests=256, ray_actor_options={"num_cpus": 0.05})
 class JobsDeployment:
-    def __init__(self, controllers: dict[str, Any]) -> None:
+    def __init__(
+        self, controllers: dict[str, Any], read_only: dict[str, list[str]], limits: dict[str, Any] | None = None
+    ) -> None:
         self.controllers = controllers
+        self.read_only = {group: set(methods) for group, methods in read_only.items()}
+        self.limits = LimitsConfig.model_validate(limits or {})
         self.jobs: dict[str, Job] = {}
+        self._slots = asyncio.Semaphore(self.limits.jobs_running)
 
-    async def submit(
-        self, controller: str, group: str, method: str, args: list, kwargs: dict, split: int = 1
-    ) -> dict[str, Any]:
+    async def submit(self, controller: str, request: CallRequest, split: int = 1) -> dict[str, Any] | ControllerError:
+        if split > 1 and request.method not in self.read_only.get(request.group, set()):
+            return ControllerError(
+                ErrorKind.BAD_ARGUMENTS,
+                f"split runs pieces one after another: only read-only methods may be split, and "
+                f"{request.group}.{request.method} changes state",
+            )
         try:
-            pieces = split_call(args, kwargs, split)
-        except ValueError as exc:  # answered as a 422 before anything is queued
-            return {"error": str(exc)}
-        job = Job(id=uuid.uuid4().hex, group=group, method=method, controller=controller, split=split)
+            check_split(request.args, request.kwargs, split, self.limits.max_split_views)
+        except ValueError as exc:
+            return ControllerError(ErrorKind.BAD_ARGUMENTS, str(exc))
+        queued = sum(1 for job in self.jobs.values() if job.status == "queued")
+        if queued >= self.limits.jobs_queued:
+            return ControllerError(
+                ErrorKind.OVER_LIMIT, f"{queued} jobs are waiting already; retry later", retry_after_s=5.0
+            )
+        job = Job(id=uuid.uuid4().hex, request=request, controller=controller, split=split)
         self.jobs[job.id] = job
-        job.task = asyncio.get_running_loop().create_task(self._run(job, pieces))
-        self._forget_old()
+        job.task = asyncio.get_running_loop().create_task(self._run(job))
         return job.describe()
 
-    async def _run(self, job: Job, pieces: list[tuple[list, dict]]) -> None:
-        job.status, job.started_at = "running", time.time()
-        handle = self.controllers[job.controller]
-        outputs = []
-        try:
-            for index, (args, kwargs) in enumerate(pieces):
-                outcome = await handle.handle_call.remote(job.group, job.method, args, kwargs, None)
-                if outcome["status"] >= 400:
-                    job.status, job.error, job.status_code = "failed", outcome["error"], outcome["status"]
-                    return
-                outputs.append(outcome["output"])
-                job.progress = (index + 1) / len(pieces)
-            outcome["output"] = join_outputs(outputs)
-            job.outcome = outcome
-            job.status, job.status_code = "succeeded", 200
-        except asyncio.CancelledError:
-            job.status = "cancelled"
-        except Exception as exc:  # keep the job record; report what happened
-            job.status, job.error, job.status_code = "failed", f"{type(exc).__name__}: {exc}", 500
-        finally:
-            job.finished_at = time.time()
-            job.task = None
+    async def _run(self, job: Job) -> None:
+        async with self._slots:
+            if job.cancel_requested:
+                job.finished_at, job.task = time.time(), None
+                return
+            job.status, job.started_at = "running", time.time()
+            handle = self.controllers[job.controller]
+            request, outputs, outcome = job.request, [], None
+            try:
+                for index, (args, kwargs) in enumerate(split_calls(request.args, request.kwargs, job.split)):
+                    piece = CallRequest(request.group, request.method, args, kwargs)
+                    outcome = await handle.call.remote(piece)
+                    if outcome.error is not None:
+                        job.status, job.error = "failed", outcome.error.message
+                        job.error_kind = outcome.error.kind.value
+                        return
+                    outputs.append(outcome.output)
+                    job.progress = (index + 1) / job.split
+                outcome.output = join_outputs(outputs)
+                job.outcome, job.result_bytes = outcome, estimate_bytes(outcome.output)
+                job.status = "succeeded"
+            except asyncio.CancelledError:
+                job.status = "cancelled"
+            except Exception as exc:  # keep the job record; say what happened, no traceback
+                job.status, job.error = "failed", f"{type(exc).__name__}: {first_line(exc)}"
+                job.error_kind = ErrorKind.UNAVAILABLE.value
+            finally:
+                job.finished_at, job.task = time.time(), None
+                job.request = CallRequest(request.group, request.method)  # its tensors are no longer needed
+                self._forget_old()
 
     def _forget_old(self) -> None:
-        finished = [j for j in self.jobs.values() if j.finished_at is not None]
-        for job in sorted(finished, key=lambda j: j.finished_at)[:-MAX_FINISHED_JOBS]:
-            self.jobs.pop(job.id, None)
+        finished = sorted((j for j in self.jobs.values() if j.finished_at is not None), key=lambda j: j.finished_at)
+        kept_bytes = sum(j.result_bytes for j in finished)
+        while finished and (len(finished) > self.limits.jobs_kept or kept_bytes > self.limits.jobs_result_bytes):
+            old = finished.pop(0)
+            kept_bytes -= old.result_bytes
+            self.jobs.pop(old.id, None)
 
     async def status(self, job_id: str) -> dict[str, Any] | None:
         job = self.jobs.get(job_id)
@@ -149,21 +203,18 @@ class JobsDeployment:
 
     async def result(self, job_id: str) -> dict[str, Any] | None:
         job = self.jobs.get(job_id)
-        if job is None:
-            return None
-        return {"job": job.describe(), "outcome": job.outcome}
+        return None if job is None else {"job": job.describe(), "outcome": job.outcome}
 
     async def cancel(self, job_id: str) -> dict[str, Any] | None:
+        """End the job: no further piece starts (one on the workers finishes there)."""
         job = self.jobs.get(job_id)
         if job is None:
             return None
-        if job.task is not None:
-            job.task.cancel()
-            try:
-                await job.task
-            except asyncio.CancelledError:
-                pass
+        if job.status in ("queued", "running"):
+            job.cancel_requested = True
             job.status = "cancelled"
+            if job.task is not None and job.started_at is not None:
+                job.task.cancel()
         return job.describe()
 
     async def list_jobs(self) -> list[dict[str, Any]]:

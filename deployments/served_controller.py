@@ -1,76 +1,74 @@
-"""Where a GroupController meets Ray Serve: async entry points for the ingress's
-handle calls, Serve's health check, and release of the workers on shutdown."""
+"""Where a controller meets Ray Serve: one deployment class for every declared
+deployment, each replica a single controller that owns its groups."""
 
 from __future__ import annotations
 
-import asyncio
 import warnings
-from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
+from ray import serve
 
-from deployments.group_controller import GroupController
-from single_controller.ray import RayResourcePool
-
-# Tensors from the ingress arrive zero-copy, read-only (deployments.application's
-# INGRESS_RUNTIME_ENV); the controller only reads and forwards them, so torch's warning
-# about non-writable arrays says nothing here.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable", module="ray._private")
-
-#: Threads for blocking calls per controller replica (beyond max_ongoing_requests they queue).
-CALL_THREADS = 64
+from deployments.builder import PoolSet, units
+from deployments.config import DeploymentConfig, ServiceConfig
+from deployments.contract import CallRequest, CallResult, ControllerError, GroupSummary, InferResult
+from deployments.controller import GroupController
+from deployments.models import ModelServer
+from deployments.placement import DeploymentPlan
 
 
-def replica_pool(
-    first_bundle: int, process_count: int, use_gpu: bool, name_prefix: str | None = None
-) -> RayResourcePool:
-    """A pool on the replica's own placement group when Serve gave it one (the deployment
-    declared ``placement_group_bundles``), else a pool with placement groups of its own."""
-    pg = ray.util.get_current_placement_group()
-    if pg is None:
-        return RayResourcePool([process_count], use_gpu=use_gpu, name_prefix=name_prefix)
-    return RayResourcePool.from_placement_group(
-        pg, process_count, first_bundle=first_bundle, use_gpu=use_gpu, name_prefix=name_prefix
-    )
+@serve.deployment(max_ongoing_requests=256)
+class ControllerDeployment:
+    """A controller replica: starts its groups in ``__init__`` (the replica is ready when
+    they are), answers the ingress and the jobs deployment, and gives Serve a health
+    check that never waits behind calls and never fails the replica for a lost worker
+    (that group is rebuilt in the background)."""
 
+    async def __init__(self, deployment: dict[str, Any], plan: DeploymentPlan, service: dict[str, Any]) -> None:
+        # Tensors from the ingress arrive zero-copy, read-only (deployments.application's
+        # INGRESS_RUNTIME_ENV); the controller only reads and forwards them, so torch's
+        # warning about non-writable arrays says nothing here.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        config = DeploymentConfig.model_validate(deployment)
+        settings = ServiceConfig.model_validate({**service, "deployments": [deployment]})
+        self.pools = PoolSet(plan, ray.util.get_current_placement_group())
+        self.controller = GroupController(
+            config,
+            plan,
+            units(config, plan, self.pools),
+            request_timeout_s=settings.request_timeout_s,
+            health_timeout_s=settings.health_timeout_s,
+            limits=settings.limits,
+        )
+        self.models = ModelServer(config.models, self.controller)
+        await self.controller.start()
 
-class ServedController(GroupController):
-    """Base of the Serve deployments. Blocking work runs in a thread pool of its own, so
-    a slow call never stalls the replica's event loop (or its health check), and calls
-    waiting on one group never use up the threads other groups need."""
+    async def call(self, request: CallRequest) -> CallResult:
+        return await self.controller.call(request)
 
-    def _run(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
-        if not hasattr(self, "_executor"):
-            self._executor = ThreadPoolExecutor(max_workers=CALL_THREADS, thread_name_prefix="controller")
-        return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+    async def describe(self) -> list[GroupSummary]:
+        return self.controller.describe()
 
-    async def handle_call(
-        self, group: str, method: str, args: list, kwargs: dict, idempotency_key: str | None = None
-    ) -> dict[str, Any]:
-        outcome = await self._run(self.call, group, method, tuple(args), kwargs, idempotency_key)
-        return dict(vars(outcome))  # shallow: outputs may be hundreds of MiB
+    async def describe_group(self, group: str) -> GroupSummary | None:
+        return await self.controller.describe_group(group)
 
-    async def handle_io_spec(self, group: str, method: str) -> dict[str, Any]:
-        """Input and output tensors of a group's method served as an inference model
-        (none here)."""
-        return {}
+    async def ready(self) -> dict[str, bool]:
+        return self.controller.ready()
 
-    async def handle_describe(self) -> list[dict[str, Any]]:
-        return await self._run(self.describe)
+    async def model_metadata(self, model: str) -> dict[str, Any] | ControllerError:
+        return await self.models.metadata(model)
 
-    async def handle_describe_group(self, group: str) -> dict[str, Any] | None:
-        return await self._run(self.describe_group, group)
+    async def model_ready(self, model: str) -> bool:
+        return self.models.ready(model)
 
-    async def handle_ready(self) -> dict[str, bool]:
-        return self.ready()
+    async def infer(self, model: str, inputs: dict[str, Any]) -> InferResult:
+        return await self.models.infer(model, inputs)
 
     async def check_health(self) -> None:
-        """Serve's health check: ping every worker (with a timeout); a group that does not
-        answer is rebuilt in the background. The replica itself stays up, so the other
-        groups keep serving."""
-        await self._run(self.check_groups)
+        await self.controller.check_health()
 
     def __del__(self) -> None:
-        self.shutdown()
+        controller = getattr(self, "controller", None)
+        if controller is not None:
+            controller.shutdown()
+            self.pools.remove()

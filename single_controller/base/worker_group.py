@@ -280,6 +280,12 @@ def dispatch_arguments(group: Any, name: str, spec: MethodSpec, args: tuple, kwa
     except DispatchError as exc:
         message = str(exc)
         raise DispatchError(message if message.startswith(f"{name}:") else f"{name}: {message}") from None
+    except Exception as exc:
+        # A dispatch function (a custom one above all) that fails on its arguments: the
+        # caller's arguments do not fit it, and nothing was submitted.
+        fn = getattr(spec.dispatch_spec.dispatch_fn, "__name__", "dispatch_fn")
+        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else "no message"
+        raise DispatchError(f"{name}: dispatch function {fn} raised {type(exc).__name__}: {detail}") from exc
     d_kwargs = dict(d_kwargs)
     padding = int(d_kwargs.pop(PADDING_KEY, 0) or 0)
     return tuple(d_args), d_kwargs, padding

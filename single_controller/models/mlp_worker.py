@@ -40,3 +40,10 @@ class MLPLayerWorker(MegatronWorker):
         with torch.no_grad():
             y = self.parallel_layer(x.to(get_torch_device()))
         return y.cpu()
+
+    def _io_spec(self) -> dict[str, Any]:
+        """The layer's input and output as an inference model sees them: FP32
+        ``[seq, batch, hidden]`` for the hidden size it was initialised with."""
+        hidden = self.parallel_layer.hidden_size if hasattr(self, "parallel_layer") else -1
+        tensor = {"datatype": "FP32", "shape": [-1, -1, hidden]}
+        return {"inputs": [{"name": "x", **tensor}], "outputs": [{"name": "y", **tensor}]}

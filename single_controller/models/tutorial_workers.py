@@ -1,9 +1,8 @@
 """The tutorial's worker classes, on the device this process has (cuda, else cpu).
 
-``GPUAccumulator`` and ``GPUAccumulatorDecorator`` also answer ``get_value``, and
-``TestActor`` keeps a per-rank history (``record``/``history``): a method that does
-not commute, so the order calls reach each rank can be checked; and ``sleep`` is a
-slow call for timeout checks.
+``GPUAccumulator`` and ``GPUAccumulatorDecorator`` also answer ``get_value``. The
+service's test actor (``deployments.transport_check``) extends ``TestActor`` with the
+checks the service's tests need.
 """
 
 from __future__ import annotations
@@ -86,7 +85,6 @@ class TestActor(Worker):
     def __init__(self, x) -> None:
         super().__init__()
         self._x = x
-        self._history: list = []
 
     def foo(self, y):
         return self._x + y
@@ -98,35 +96,3 @@ class TestActor(Worker):
     @register(dispatch_mode={"dispatch_fn": two_to_all_dispatch_fn, "collect_fn": collect_all_to_all})
     def foo_custom(self, x, y):
         return self._x + y + x
-
-    @register(Dispatch.ONE_TO_ALL)
-    def record(self, item):
-        """Append ``item`` to this rank's history; returns the history's length."""
-        self._history.append(item)
-        return len(self._history)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def history(self):
-        return list(self._history)
-
-    @register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
-    def echo(self, x):
-        """Return ``x`` from rank 0: a round trip of a tensor, for transport checks."""
-        return x
-
-    @register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
-    def checksum(self, x):
-        """``x``'s sum (in float64) as a one-element tensor from rank 0: a tensor in,
-        a few bytes out, for upload bandwidth checks."""
-        return x.to(torch.float64).sum().reshape(1)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def sleep(self, seconds: float):
-        """Hold every rank for ``seconds`` (at most 60): a slow call, for timeouts."""
-        import time
-
-        seconds = float(seconds)
-        if not 0 <= seconds <= 60:
-            raise ValueError(f"seconds must be within [0, 60], got {seconds}")
-        time.sleep(seconds)
-        return seconds

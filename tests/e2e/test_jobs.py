@@ -80,12 +80,12 @@ print(len(names))
 """
 
 
-def test_jobs_survive_the_ingress_replica_restarting(http):
+def test_jobs_survive_the_ingress_replica_restarting(service, http):
     x = torch.rand(8, 1, SMALL["hidden_size"])
     job = http.post("/v1/jobs/mlp/run_layer", content=save({"x.0": x}),
                     headers={"Content-Type": "application/x-safetensors"}).json()
     wait_for(http, job["id"])
-    gcs = http.get("/v1/groups/mlp").json()["cluster"]["gcs_address"]
+    gcs = service.gcs_address()
     killed = subprocess.run([sys.executable, "-c", KILL_INGRESS, gcs], capture_output=True, text=True, timeout=120)
     assert killed.returncode == 0, killed.stderr[-2000:]
     deadline = time.monotonic() + 120

@@ -85,7 +85,7 @@ ray.kill(ray.get_actor(sys.argv[3], namespace=sys.argv[2]), no_restart=True)
 def test_killed_worker_fails_fast_then_group_recovers_with_acknowledged_state(service, http):
     detail = http.get("/v1/groups/gpu_accumulator").json()
     victim = detail["ranks"][2]["actor_name"]
-    cluster = detail["cluster"]
+    cluster = {"gcs_address": service.gcs_address(), "namespace": detail["namespace"]}
     before = values(http, "gpu_accumulator")
     acknowledged = [0.0] * 4
     failures: list[tuple[int, float, str | None]] = []
@@ -153,7 +153,7 @@ def test_colocated_groups_share_processes_and_recover_together(service, http):
     assert http.post("/v1/groups/gpu_accumulator_decorator/add", json={"kwargs": {"x": 3}}).status_code == 200
     before = {g: values(http, g) for g in ("gpu_accumulator_merge", "gpu_accumulator_decorator")}
     subprocess.run(
-        [sys.executable, "-c", KILL, merge["cluster"]["gcs_address"], merge["cluster"]["namespace"],
+        [sys.executable, "-c", KILL, service.gcs_address(), merge["namespace"],
          merge["ranks"][5]["actor_name"]],
         check=True, timeout=120,
     )

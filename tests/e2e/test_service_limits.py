@@ -1,32 +1,9 @@
-"""Limits and access on a second service started from the same serve_config.yaml with a
-bearer token, a 1 KiB body limit and a 3 s request timeout (only the test_actor group)."""
+"""Limits and access on the second service (tests/e2e/conftest.py): a bearer token, a
+1 KiB body limit and a 3 s request timeout."""
 
 from __future__ import annotations
 
 import httpx
-import pytest
-
-from clients.local_server import ServeProcess
-
-TOKEN = "s3cret-token"
-OVERRIDES = {"deployments": ["test_actor"], "max_body_bytes": 1024, "request_timeout_s": 3}
-
-
-@pytest.fixture(scope="module")
-def limited():
-    proc = ServeProcess(overrides=OVERRIDES, env={"SC_AUTH_TOKEN": TOKEN})
-    # readiness is an open route, so the token is not needed to wait for it
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture(scope="module")
-def client(limited):
-    with httpx.Client(base_url=limited.url, timeout=60, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
-        yield c
 
 
 def test_token_required_everywhere_but_health(limited, client):

@@ -1,0 +1,34 @@
+"""The bearer token: when one is set (``auth_token`` or SC_AUTH_TOKEN), every route but
+the health probes needs it, the API docs included.
+
+A client sends ``Authorization: Bearer <token>``; a browser (the status page, the API
+docs) may send it as the ``sc_token`` cookie instead, set by ``POST /login``. The cookie
+is SameSite=Strict and the mutating routes take only JSON or safetensors bodies, so
+another site's page can neither read nor post with it.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Request
+
+from app.errors import ApiError
+
+COOKIE = "sc_token"
+
+
+def token_matches(given: str | None, token: str) -> bool:
+    return given is not None and hmac.compare_digest(given.encode(), token.encode())
+
+
+def require_token(request: Request) -> None:
+    """FastAPI dependency: 401 unless the request carries the configured token."""
+    token = request.app.state.settings.auth_token
+    if not token:
+        return
+    header = request.headers.get("authorization", "")
+    bearer = header[7:] if header[:7].lower() == "bearer " else None
+    if token_matches(bearer, token) or token_matches(request.cookies.get(COOKIE), token):
+        return
+    raise ApiError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})

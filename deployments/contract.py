@@ -1,0 +1,119 @@
+"""The typed messages between the ingress and the controllers (through Serve handles).
+
+The controller answers with these objects and never with HTTP statuses: what went wrong
+is an :class:`ErrorKind`, and the HTTP layer (``app.errors``) owns the table from kind to
+status code. Plain dataclasses: they pickle cheaply through Ray and need nothing from
+FastAPI or Ray to import.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ErrorKind(enum.Enum):
+    """Why a call got no output."""
+
+    UNKNOWN_GROUP = "unknown_group"
+    UNKNOWN_METHOD = "unknown_method"
+    UNKNOWN_MODEL = "unknown_model"
+    #: Arguments that do not fit the method or its dispatch mode (checked before any rank ran).
+    BAD_ARGUMENTS = "bad_arguments"
+    #: Inference inputs that do not fit the model's declared inputs.
+    BAD_INPUT = "bad_input"
+    #: The worker method raised (on some or every rank): the caller's arguments or state.
+    METHOD_RAISED = "method_raised"
+    #: The group is starting, rebuilding or failed: retry after ``retry_after_s``.
+    UNAVAILABLE = "unavailable"
+    #: The call ran past the request timeout.
+    TIMEOUT = "timeout"
+    #: The same Idempotency-Key came with a different body.
+    IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+    #: A bound of the service (queue, jobs, sizes) refuses the request.
+    OVER_LIMIT = "over_limit"
+    #: The output cannot be sent in the form asked for.
+    NOT_ENCODABLE = "not_encodable"
+
+
+@dataclass(frozen=True)
+class ControllerError:
+    kind: ErrorKind
+    message: str
+    retry_after_s: float | None = None
+
+
+@dataclass
+class CallRequest:
+    """One call of ``method`` on ``group``. ``fingerprint`` identifies the body for
+    Idempotency-Key repeats (the same key with another fingerprint is refused)."""
+
+    group: str
+    method: str
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    idempotency_key: str | None = None
+    fingerprint: str | None = None
+
+
+@dataclass
+class CallResult:
+    """What a call produced: ``output`` when ``error`` is None."""
+
+    output: Any = None
+    error: ControllerError | None = None
+    dispatch_mode: str = ""
+    execute_mode: str = ""
+    world_size: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class InferResult:
+    """An inference call's outputs by name, or an error; durations for statistics."""
+
+    outputs: dict[str, Any] = field(default_factory=dict)
+    error: ControllerError | None = None
+    #: Seconds spent waiting for a batch, and running the group call.
+    queue_s: float = 0.0
+    compute_s: float = 0.0
+    batch_size: int = 1
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class MethodSummary:
+    name: str
+    dispatch_mode: str
+    execute_mode: str
+    registered: bool
+    read_only: bool
+
+
+@dataclass
+class GroupSummary:
+    """A served group, as ``GET /v1/groups`` lists it (``ranks`` only for one group)."""
+
+    name: str
+    deployment: str
+    world_size: int | None
+    resource_pool: str
+    worker_class: str
+    status: str
+    last_error: str | None
+    rebuilds: int
+    replayed_calls: int
+    journal_length: int
+    methods: list[MethodSummary]
+    colocated_with: list[str] = field(default_factory=list)
+    #: tp/dp/pp sizes of a Megatron group.
+    layout: dict[str, int] | None = None
+    ranks: list[dict[str, Any]] | None = None
+    namespace: str | None = None

@@ -1,0 +1,198 @@
+"""The controller's parts that need no Ray: the journal, the idempotency cache and the
+method catalogue."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from deployments.catalogue import EXECUTE_ALL, catalogue, per_rank_problem
+from deployments.idempotency import IdempotencyCache, IdempotencyConflict, estimate_bytes
+from deployments.journal import Journal
+from single_controller.models.mlp_worker import MLPLayerWorker
+from single_controller.models.tutorial_workers import (
+    Accumulator,
+    GPUAccumulatorDecorator,
+    TestActor,
+    two_to_all_dispatch_fn,
+)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+# -- journal ------------------------------------------------------------------------------
+
+
+def test_journal_replays_acknowledged_calls_in_submission_order():
+    async def scenario():
+        journal = Journal()
+        first = journal.begin("add", [1], {})
+        second = journal.begin("add", [2], {})
+        third = journal.begin("add", [3], {})
+        assert journal.inflight == 3
+        journal.acknowledge(third)  # answers come back in any order
+        journal.abort(second)
+        journal.acknowledge(first)
+        assert journal.inflight == 0 and await journal.settled(0.1)
+        return [(m, a) for m, a, _ in journal.replay()]
+
+    assert run(scenario()) == [("add", (1,)), ("add", (3,))]
+
+
+def test_replay_hands_out_copies_a_dispatch_function_may_change():
+    async def scenario():
+        journal = Journal()
+        kwargs = {"x": [1, 2], "y": [5, 6]}
+        entry = journal.begin("foo_custom", [], kwargs)
+        kwargs["x"].append(99)  # the caller's dispatch ran on its own lists after begin()
+        journal.acknowledge(entry)
+
+        class Group:
+            world_size = 4
+
+        for _ in range(3):
+            _, args, replayed = next(journal.replay())
+            two_to_all_dispatch_fn(Group(), *args, **replayed)  # appends to the lists it gets
+            assert replayed["x"] == [1, 2, 1, 2]
+        return journal.entries()[0].kwargs
+
+    assert run(scenario()) == {"x": [1, 2], "y": [5, 6]}
+
+
+def test_settled_waits_for_calls_in_flight():
+    async def scenario():
+        journal = Journal()
+        entry = journal.begin("add", [1], {})
+        assert not await journal.settled(0.05)
+        asyncio.get_running_loop().call_later(0.05, journal.acknowledge, entry)
+        return await journal.settled(2)
+
+    assert run(scenario())
+
+
+def test_truncate_and_restore():
+    journal = Journal()
+    entries = [journal.begin("add", [i], {}) for i in range(5)]
+    for entry in entries:
+        journal.acknowledge(entry)
+    assert journal.truncate(2) == 3
+    assert [e.seq for e in journal.entries()] == [3, 4]
+    again = Journal()
+    again.restore(journal.entries())
+    assert again.next_seq == 5 and len(again) == 2
+
+
+# -- idempotency -------------------------------------------------------------------------
+
+
+def test_a_repeat_gets_the_first_answer_and_runs_once():
+    async def scenario():
+        cache: IdempotencyCache[int] = IdempotencyCache()
+        runs = []
+
+        async def compute():
+            runs.append(1)
+            await asyncio.sleep(0.05)
+            return len(runs)
+
+        together = await asyncio.gather(*(cache.run("k", "body", compute) for _ in range(5)))
+        later = await cache.run("k", "body", compute)
+        return together, later, len(runs), cache.running
+
+    together, later, runs, running = run(scenario())
+    assert together == [1] * 5 and later == 1 and runs == 1 and running == 0
+
+
+def test_the_same_key_with_another_body_is_refused():
+    async def scenario():
+        cache: IdempotencyCache[str] = IdempotencyCache()
+
+        async def compute():
+            await asyncio.sleep(0.05)
+            return "answer"
+
+        first = asyncio.ensure_future(cache.run("k", "body-1", compute))
+        await asyncio.sleep(0)
+        with pytest.raises(IdempotencyConflict):  # while the first runs
+            await cache.run("k", "body-2", compute)
+        assert await first == "answer"
+        with pytest.raises(IdempotencyConflict):  # and after
+            await cache.run("k", "body-2", compute)
+
+    run(scenario())
+
+
+def test_transient_answers_are_not_kept_and_nothing_leaks():
+    async def scenario():
+        cache: IdempotencyCache[str] = IdempotencyCache()
+
+        async def unavailable():
+            return "503"
+
+        async def broken():
+            raise RuntimeError("boom")
+
+        for i in range(100):
+            await cache.run(f"a{i}", None, unavailable, keep=lambda answer: answer != "503")
+            with pytest.raises(RuntimeError):
+                await cache.run(f"b{i}", None, broken)
+        return len(cache), cache.running
+
+    assert run(scenario()) == (0, 0)
+
+
+def test_a_caller_that_goes_away_does_not_cancel_the_call():
+    async def scenario():
+        cache: IdempotencyCache[str] = IdempotencyCache()
+        finished = []
+
+        async def compute():
+            await asyncio.sleep(0.05)
+            finished.append(True)
+            return "done"
+
+        caller = asyncio.ensure_future(cache.run("k", None, compute))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        await asyncio.sleep(0.1)
+        return finished, await cache.run("k", None, compute)
+
+    assert run(scenario()) == ([True], "done")
+
+
+def test_kept_answers_are_bounded_by_count_and_bytes():
+    cache: IdempotencyCache[torch.Tensor] = IdempotencyCache(max_entries=3, max_bytes=10_000)
+    for i in range(10):
+        cache.store(f"k{i}", None, torch.zeros(100))  # 400 bytes each
+    assert len(cache) == 3 and cache.lookup("k9", None) is not None and cache.lookup("k0", None) is None
+    for i in range(10):
+        cache.store(f"big{i}", None, torch.zeros(1000))  # 4000 bytes each: two fit
+    assert len(cache) == 2 and cache.kept_bytes <= 10_000
+    cache.store("huge", None, torch.zeros(10_000))  # over the byte bound alone: not kept
+    assert cache.lookup("huge", None) is None
+    assert estimate_bytes([torch.zeros(10), "abc"]) > 40 + 3
+
+
+# -- catalogue ---------------------------------------------------------------------------
+
+
+def test_catalogue_lists_the_workers_own_methods_with_their_modes():
+    methods = catalogue(TestActor, read_only=["foo"])
+    assert sorted(methods) == ["foo", "foo_custom", "foo_rank_zero"]
+    assert methods["foo"].dispatch_mode == EXECUTE_ALL and not methods["foo"].mutating
+    assert methods["foo_rank_zero"].execute_mode == "RANK_ZERO" and methods["foo_rank_zero"].mutating
+    assert methods["foo_custom"].dispatch_mode == "custom:two_to_all_dispatch_fn"
+    assert sorted(catalogue(GPUAccumulatorDecorator)) == ["add", "get_value"]
+    # the library's plumbing (Worker, MegatronWorker) is not a worker's API
+    assert sorted(catalogue(MLPLayerWorker)) == ["get_weights", "init_model", "run_layer"]
+    assert sorted(catalogue(Accumulator)) == ["add", "get_value"]
+
+
+def test_per_rank_lists_must_have_one_item_per_rank():
+    assert per_rank_problem("add", 4, [], {"x": [1, 1, 1, 1]}) is None
+    assert "expected 4 (one per rank), got 3" in per_rank_problem("add", 4, [], {"x": [1, 1, 1]})
+    assert "positional argument 0" in per_rank_problem("add", 4, [[1]], {})
