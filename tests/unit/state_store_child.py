@@ -7,7 +7,7 @@ its location, so the tests can run writers side by side and SIGKILL one mid-writ
 ``write`` records COUNT calls numbered FIRST, FIRST+STEP, ... (each with an idempotency
 answer). ``until-killed`` records calls 1, 2, ... with a snapshot every
 :data:`SNAPSHOT_EVERY` calls, forever, printing ``call N`` / ``snapshot N`` once each has
-returned (acknowledged), for the parent to kill it at any point.
+returned (acknowledged), for the parent to kill it at any point (snapshots of 4 parts).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import sys
 
+from deployments import state_store
 from deployments.state_store import StoredAnswer, open_store
 
 SNAPSHOT_EVERY = 25
@@ -41,6 +42,7 @@ def main(argv: list[str]) -> None:
         print("done", flush=True)
     elif mode == "until-killed":
         size = int(argv[4])
+        state_store.SNAPSHOT_PART_BYTES = size  # a snapshot is 4 parts: a kill may land between them
         seq = 0
         while True:
             seq += 1

@@ -269,6 +269,36 @@ def test_a_large_snapshot_is_stored_in_parts_and_comes_back_whole(store, monkeyp
     assert store.load(SCOPE).snapshot == b"small"
 
 
+def test_calls_are_recorded_while_a_large_snapshot_is_written(store, monkeypatch):
+    """A snapshot is written a part at a time: calls of other groups (another thread here)
+    are recorded between its parts instead of waiting for all of it."""
+    monkeypatch.setattr(state_store, "SNAPSHOT_PART_BYTES", 64 << 10)
+    blob = payload("snapshot", 1, 12 << 20)  # 192 parts
+    done = threading.Event()
+    recorded: list[float] = []
+
+    def record_calls() -> None:
+        seq = 0
+        while not done.is_set():
+            seq += 1
+            store.record_call("test_actor/test_actor", seq, b"call")
+            recorded.append(time.monotonic())
+
+    recorder = threading.Thread(target=record_calls)
+    recorder.start()
+    while not recorded:
+        time.sleep(0.001)
+    started = time.monotonic()
+    store.store_snapshot(SCOPE, 1, blob)
+    finished = time.monotonic()
+    done.set()
+    recorder.join()
+    assert store.load(SCOPE).snapshot == blob
+    # calls were recorded all along (a checkpoint may stall one stretch), not only after
+    quarters = {int(4 * (t - started) / (finished - started)) for t in recorded if started < t < finished}
+    assert len(quarters) >= 3, f"calls recorded in quarters {sorted(quarters)} of a {finished - started:.3f} s snapshot"
+
+
 def test_a_group_rebuilds_from_snapshot_and_tail(store):
     """What a controller does: adds on 4 ranks, a snapshot of the ranks' state_dict()s
     after call 3, more adds, then a rebuild that loads the snapshot and replays the tail."""
@@ -491,8 +521,11 @@ def test_a_writer_killed_mid_write_loses_no_acknowledged_record(shared_backend):
             assert line, child.stderr.read()[-2000:]
             acknowledged.append(line.strip())
         child.send_signal(signal.SIGKILL)
-        rest, _ = child.communicate(timeout=30)
-        acknowledged += rest.split("\n")
+        child.wait(timeout=30)
+        # what it printed before it died (through the same buffered reader as above)
+        acknowledged += child.stdout.read().split("\n")
+        child.stdout.close()
+        child.stderr.close()
         calls = [int(line.split()[1]) for line in acknowledged if line.startswith("call ")]
         snapshots = [int(line.split()[1]) for line in acknowledged if line.startswith("snapshot ")]
         last_call, last_snapshot = max(calls), max(snapshots)
@@ -513,8 +546,21 @@ def test_a_writer_killed_mid_write_loses_no_acknowledged_record(shared_backend):
                 assert store.get_answer(scope, f"key-{seq}") == expected
             if shared_backend.name == "sqlite":
                 assert store._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-            # and the store takes the next call as if nothing had happened
+            # and the store takes the next call and snapshot as if nothing had happened
             store.record_call(scope, last_stored + 1, b"after the crash")
+            store.store_snapshot(scope, last_stored + 1, b"state after the crash")
+            assert store.load(scope).snapshot == b"state after the crash"
+            assert _snapshot_generations(shared_backend, store, scope) == 1  # half-written ones are gone
+
+
+def _snapshot_generations(backend: Backend, store: StateStore, scope: str) -> int:
+    """How many snapshots a scope holds that will not go away on their own."""
+    if backend.name == "sqlite":
+        return store._conn.execute(
+            "SELECT COUNT(DISTINCT generation) FROM snapshot_parts WHERE scope = ?", (scope,)
+        ).fetchone()[0]
+    keys = store._redis.keys(f"{backend.namespace}:scope:{scope}:snapshot:*")
+    return sum(1 for key in keys if store._redis.ttl(key) == -1)  # staged parts expire
 
 
 # -- SQLite only --------------------------------------------------------------------------
