@@ -154,8 +154,11 @@ class StateMismatchError(ValueError):
 
 class StateStoreUnavailable(RuntimeError):
     """The backend could not be reached or written in time (database locked past the
-    busy timeout, disk error, Redis down). Nothing was written; the controller answers
-    503 and must not acknowledge the call."""
+    busy timeout, disk error, Redis down). SQLite: nothing was written. Redis: nothing was
+    written, unless the connection broke after the server ran the write (then it is case 2
+    of the module docstring). Either way the controller must not acknowledge the call:
+    it answers 503 and restores the group from the store, whose workers applied a call
+    the store may not hold."""
 
 
 @dataclass(frozen=True)
