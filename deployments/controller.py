@@ -31,8 +31,17 @@ from deployments.contract import (
 )
 from deployments.idempotency import IdempotencyCache, IdempotencyConflict
 from deployments.placement import DeploymentPlan
-from deployments.supervisor import READY, GroupState, Supervisor, UnitState, as_asyncio, failure_of
+from deployments.supervisor import (
+    READY,
+    GroupState,
+    Supervisor,
+    UnitState,
+    as_asyncio,
+    failure_of,
+    first_line,
+)
 from single_controller.base.dispatch import DispatchError
+from single_controller.base.worker_group import SubmitError
 from single_controller.base.worker_methods import user_class
 
 #: Seconds a client is told to wait before retrying a group that is not ready.
@@ -120,7 +129,11 @@ class GroupController:
             if problem:
                 result.error = _error(ErrorKind.BAD_ARGUMENTS, problem)
                 return result
-        entry = state.journal.begin(request.method, args, kwargs) if info.mutating else None
+        try:
+            entry = state.journal.begin(request.method, args, kwargs) if info.mutating else None
+        except Exception as exc:  # arguments the journal cannot keep a copy of
+            result.error = _error(ErrorKind.BAD_ARGUMENTS, f"{request.method}: {failure_of(exc)[1]}")
+            return result
         try:
             pending = group.submit(request.method, args, kwargs)
         except Exception as exc:
@@ -175,14 +188,16 @@ class GroupController:
                 state.journal.abort(entry)
 
     def _submit_failed(self, state: GroupState, method: str, exc: Exception) -> ControllerError:
-        if isinstance(exc, DispatchError):
+        if isinstance(exc, DispatchError):  # raised before anything was sent
             return _error(ErrorKind.BAD_ARGUMENTS, str(exc))
-        if isinstance(exc, (TypeError, ValueError)):
-            return _error(ErrorKind.BAD_ARGUMENTS, f"{method}: {failure_of(exc)[1]}")
-        # Submission may have reached some ranks and not others: their calls no longer
-        # match, so the group is restored from the journal.
-        self.supervisor.recover(state.unit, f"submitting {state.name}.{method} failed: {failure_of(exc)[1]}")
-        return self._unavailable(state, f"submitting {method} to group {state.name!r} failed ({type(exc).__name__})")
+        if isinstance(exc, SubmitError) and exc.submitted == 0:
+            if isinstance(exc.cause, (TypeError, ValueError)):  # arguments that do not serialise
+                return _error(ErrorKind.BAD_ARGUMENTS, f"{method}: {failure_of(exc.cause)[1]}")
+            return self._unavailable(state, f"{method} could not be submitted ({type(exc.cause).__name__})")
+        # Some ranks got the call and others did not: their state (and the order of any
+        # collective they run) no longer match, so the group is restored from the journal.
+        self.supervisor.recover(state.unit, f"{state.name}.{method} reached some ranks only: {first_line(exc)}")
+        return self._unavailable(state, f"submitting {method} to group {state.name!r} failed part way")
 
     def _unavailable(self, state: GroupState, why: str | None = None) -> ControllerError:
         message = why or f"group {state.name!r} is {state.status}"

@@ -21,6 +21,7 @@ __all__ = [
     "ClassWithInitArgs",
     "PendingCall",
     "ResourcePool",
+    "SubmitError",
     "WorkerGroup",
     "dispatch_arguments",
     "registered_methods",
@@ -84,6 +85,22 @@ class ClassWithInitArgs:
 
     def __call__(self) -> Any:
         return self.cls(*self.args, **self.kwargs)
+
+
+class SubmitError(RuntimeError):
+    """A call could not be handed to every rank it was meant for (its arguments would
+    not serialise, the object store is full, a worker is gone). ``submitted`` ranks
+    (the first ones, in rank order) did get it: their state may now differ from the
+    others'."""
+
+    def __init__(self, method: str, submitted: int, ranks: int, cause: BaseException) -> None:
+        super().__init__(
+            f"{method}: submitted to {submitted} of {ranks} ranks, then {type(cause).__name__}: {cause}"
+        )
+        self.method = method
+        self.submitted = submitted
+        self.ranks = ranks
+        self.cause = cause
 
 
 @dataclass
@@ -173,8 +190,14 @@ class WorkerGroup:
         raise NotImplementedError
 
     def _submit_many(self, method: str, calls: list[tuple[tuple, dict]]) -> list[Any]:
+        futures: list[Any] = []
         with self._submit_lock:
-            return [self._submit(rank, method, a, k) for rank, (a, k) in enumerate(calls)]
+            try:
+                for rank, (a, k) in enumerate(calls):
+                    futures.append(self._submit(rank, method, a, k))
+            except Exception as exc:
+                raise SubmitError(method, len(futures), len(calls), exc) from exc
+        return futures
 
     def _wait(self, futures: Any) -> Any:
         raise NotImplementedError
@@ -198,7 +221,10 @@ class WorkerGroup:
     def execute_rank_zero_async(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method_name`` on rank 0 only, with the arguments as given."""
         with self._submit_lock:
-            return self._submit(0, method_name, args, kwargs)
+            try:
+                return self._submit(0, method_name, args, kwargs)
+            except Exception as exc:
+                raise SubmitError(method_name, 0, 1, exc) from exc
 
     def execute_rank_zero_sync(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         return self._wait(self.execute_rank_zero_async(method_name, *args, **kwargs))

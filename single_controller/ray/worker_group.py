@@ -13,7 +13,13 @@ import ray
 import torch
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from single_controller.base.worker_group import ClassWithInitArgs, WorkerGroup, unpad_output, user_class
+from single_controller.base.worker_group import (
+    ClassWithInitArgs,
+    SubmitError,
+    WorkerGroup,
+    unpad_output,
+    user_class,
+)
 from single_controller.batch import is_batch
 from single_controller.ray.resource_pool import RayResourcePool
 from single_controller.rendezvous import pick_rendezvous
@@ -275,7 +281,11 @@ class RayWorkerGroup(WorkerGroup):
         return future
 
     def _submit_many(self, method: str, calls: list[tuple[tuple, dict]]) -> list[Any]:
-        return super()._submit_many(method, self._share_bulky(calls))
+        try:
+            shared = self._share_bulky(calls)
+        except Exception as exc:  # the object store refused a put: no rank has the call
+            raise SubmitError(method, 0, len(calls), exc) from exc
+        return super()._submit_many(method, shared)
 
     def _share_bulky(self, calls: list[tuple[tuple, dict]]) -> list[tuple[tuple, dict]]:
         """Put each large object that goes to several ranks in the object store once."""

@@ -183,6 +183,14 @@ def test_colocated_groups_share_processes_and_recover_together(service, http):
     ]
     assert {r["pid"] for r in rebuilt["ranks"]}.isdisjoint({r["pid"] for r in merge["ranks"]})
 
+def safetensors_body(*names: str) -> dict:
+    """A safetensors call body of one-float tensors under these names."""
+    import safetensors.torch
+
+    return {"content": safetensors.torch.save({name: torch.zeros(1) for name in names}),
+            "headers": {"Content-Type": "application/x-safetensors"}}
+
+
 HOSTILE = [
     ("wrong per-rank length", "/v1/groups/gpu_accumulator/add", {"json": {"kwargs": {"x": [1, 1, 1]}}}, 422),
     ("truncated safetensors", "/v1/groups/gpu_accumulator/add",
@@ -216,6 +224,28 @@ HOSTILE = [
      {"json": {"args": [[{"datatype": "FP32", "shape": [2, 2], "data": [1.0, 2.0, 3.0, 4.0]}]]}}, 422),
     ("wrong dp count", "/v1/groups/mlp/run_layer", {"json": {"args": [[1, 2]]}}, 422),
     ("extra body field", "/v1/groups/gpu_accumulator/add", {"json": {"kwargs": {}, "evil": True}}, 422),
+    # issue 11: cheap requests that must not cost much, and statuses that were wrong
+    ("no Content-Type (a cross-site post)", "/v1/groups/gpu_accumulator/add",
+     {"content": b'{"kwargs": {"x": [1, 1, 1, 1]}}'}, 415),
+    ("text/plain (a cross-site form)", "/v1/groups/gpu_accumulator/add",
+     {"content": b'{"kwargs": {"x": [1, 1, 1, 1]}}', "headers": {"Content-Type": "text/plain"}}, 415),
+    ("client-set blocking", "/v1/groups/gpu_accumulator/get_value", {"json": {"kwargs": {"blocking": False}}}, 422),
+    ("custom dispatch, three items", "/v1/groups/test_actor/foo_custom", {"json": {"kwargs": {"x": [1, 2, 3], "y": [5, 6]}}}, 422),
+    ("custom dispatch, a string", "/v1/groups/test_actor/foo_custom", {"json": {"kwargs": {"x": "ab", "y": [5, 6]}}}, 422),
+    ("numel overflow, JSON", "/v1/groups/gpu_accumulator/add",
+     {"json": {"kwargs": {"x": [{"datatype": "FP32", "shape": [2**62, 2**62, 0], "data": []}] * 4}}}, 422),
+    ("numel overflow, OIP binary", "/v2/models/echo/infer",
+     {"content": b'{"inputs":[{"name":"x","datatype":"FP32","shape":[4611686018427387904,4611686018427387904,0],'
+                 b'"parameters":{"binary_data_size":0}}]}',
+      "headers": {"Inference-Header-Content-Length": "113"}}, 400),
+    ("OIP outputs parameters not an object", "/v2/models/echo/infer",
+     {"json": {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1, 1], "data": [1.0]}],
+               "outputs": [{"name": "y", "parameters": [1]}]}}, 400),
+    ("sparse list index (136 bytes)", "/v1/groups/gpu_accumulator/add", safetensors_body("x.0", "x.20000000"), 400),
+    ("5000-digit list index", "/v1/groups/gpu_accumulator/add", safetensors_body("x." + "9" * 5000), 400),
+    ("split of many zero-width tensors", "/v1/jobs/mlp/run_layer?split=4096",
+     {"json": {"args": [[{"datatype": "FP32", "shape": [0, 4], "data": []}] * 300]}}, 422),
+    ("split of a mutating method", "/v1/jobs/gpu_accumulator/add?split=2", {"json": {"kwargs": {"x": [1, 1, 1, 1]}}}, 422),
 ]
 
 
@@ -266,3 +296,66 @@ def test_call_that_fails_on_some_ranks_only_is_rolled_back(http):
             break
         time.sleep(0.5)
     assert values(http, "gpu_accumulator_a") == before
+
+
+REPLICAS = """
+import sys, ray
+ray.init(address=sys.argv[1], logging_level="ERROR")
+from ray.util import list_named_actors
+print(sorted(a["name"] for a in list_named_actors(all_namespaces=True) if "#" + sys.argv[2] + "#" in a["name"]))
+"""
+
+
+def replicas(service, deployment: str) -> str:
+    done = subprocess.run([sys.executable, "-c", REPLICAS, service.gcs_address(), deployment],
+                          capture_output=True, text=True, timeout=120, check=True)
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_a_40_s_call_and_a_queue_behind_it_never_trip_the_health_check(service, http):
+    """A busy worker is not a lost one: the pings Serve's health check sends wait behind the
+    running call without the group being rebuilt, and calls waiting on the controller hold
+    no thread the health check needs (the replica is not restarted either)."""
+    group = http.get("/v1/groups/test_actor").json()
+    replica = replicas(service, "test_actor")
+    started = time.monotonic()
+    responses = post_many(
+        service,
+        [("/v1/groups/test_actor/sleep", {"kwargs": {"seconds": 40}})]
+        + [("/v1/groups/test_actor/sleep", {"kwargs": {"seconds": 0.1}})] * 80,
+    )
+    assert time.monotonic() - started >= 40
+    assert [r.status_code for r in responses] == [200] * 81, [r.text for r in responses if r.status_code != 200][:3]
+    assert responses[0].json()["output"] == [40.0] * 4
+    after = http.get("/v1/groups/test_actor").json()
+    assert after["rebuilds"] == group["rebuilds"] and after["status"] == "ready"
+    assert replicas(service, "test_actor") == replica
+
+
+def test_the_same_idempotency_key_with_another_body_is_refused(http):
+    headers = {"Idempotency-Key": "key-with-two-bodies"}
+    before = values(http, "gpu_accumulator")
+    first = http.post("/v1/groups/gpu_accumulator/add", json={"kwargs": {"x": [1, 1, 1, 1]}}, headers=headers)
+    assert first.status_code == 200
+    second = http.post("/v1/groups/gpu_accumulator/add", json={"kwargs": {"x": [2, 2, 2, 2]}}, headers=headers)
+    assert second.status_code == 422 and "different request body" in second.json()["error"]
+    assert values(http, "gpu_accumulator") == [b + 1 for b in before]
+
+
+def test_answers_too_large_for_json_point_to_safetensors(http):
+    import safetensors.torch
+
+    x = torch.zeros(10_000_001)  # one value over the default max_json_answer_values
+    body = safetensors.torch.save({"x": x})
+    refused = http.post("/v1/groups/test_actor/echo", content=body,
+                        headers={"Content-Type": "application/x-safetensors"})
+    assert refused.status_code == 406 and "application/x-safetensors" in refused.json()["error"]
+    binary = http.post("/v1/groups/test_actor/echo", content=body,
+                       headers={"Content-Type": "application/x-safetensors", "Accept": "application/x-safetensors"})
+    assert binary.status_code == 200
+    assert safetensors.torch.load(binary.content)["output"].shape == x.shape
+
+
+def test_group_details_do_not_reveal_the_cluster_address(http):
+    detail = http.get("/v1/groups/gpu_accumulator").json()
+    assert "gcs_address" not in str(detail) and "cluster" not in detail

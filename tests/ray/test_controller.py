@@ -1,0 +1,147 @@
+"""The controller on the session's Ray cluster, in this process (no Serve): calls that reach
+some ranks only, replay of calls whose dispatch changes its arguments, health checks while
+a call runs, and library keywords out of a caller's reach."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from deployments.builder import PoolSet, units
+from deployments.config import load_config
+from deployments.contract import CallRequest, ErrorKind
+from deployments.controller import GroupController
+from deployments.placement import GpuBudget, plan_deployment
+
+WORKERS = "single_controller.models.tutorial_workers"
+ARGS = {
+    "deployments": [{
+        "name": "checks",
+        "groups": [
+            {"name": "acc", "worker": f"{WORKERS}:GPUAccumulator", "pool": {"process_on_nodes": [4], "name_prefix": "acc"},
+             "read_only": ["get_value"]},
+            # foo_custom is mutating here: its journal entries must survive the dispatch
+            {"name": "actor", "worker": "deployments.transport_check:TransportCheckActor", "init_kwargs": {"x": 2},
+             "pool": {"process_on_nodes": [4], "name_prefix": "actor"}, "read_only": ["foo", "history"]},
+        ],
+    }]
+}
+
+
+@pytest.fixture(scope="module")
+def loop():
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def controller(ray_cluster, loop):
+    config = load_config(ARGS)
+    deployment = config.deployments[0]
+    plan = plan_deployment(deployment, config, GpuBudget(0))
+    pools = PoolSet(plan)
+    made = GroupController(deployment, plan, units(deployment, plan, pools), request_timeout_s=60,
+                           health_timeout_s=1.0)
+    asyncio.run_coroutine_threadsafe(made.start(), loop).result(timeout=300)
+    yield made
+    made.shutdown()
+    pools.remove()
+
+
+class Unsendable:
+    """Copies as itself; Ray cannot serialise it to send it to a worker."""
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        raise TypeError("this argument cannot be sent")
+
+
+def run(loop, coro, timeout: float = 120):
+    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=timeout)
+
+
+def call(loop, controller, group, method, *args, **kwargs):
+    return run(loop, controller.call(CallRequest(group, method, list(args), kwargs)))
+
+
+def values(loop, controller) -> list[float]:
+    result = call(loop, controller, "acc", "get_value")
+    assert result.ok, result.error
+    return [t.item() for t in result.output]
+
+
+def wait_ready(controller, group: str, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if controller.ready()[group]:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{group} not ready: {controller.groups[group].unit.last_error}")
+
+
+def test_a_call_that_reaches_some_ranks_only_is_undone(loop, controller):
+    assert call(loop, controller, "acc", "add", x=[1, 1, 1, 1]).ok
+    before = values(loop, controller)
+    rebuilds = controller.groups["acc"].unit.rebuilds
+    # rank 2's argument cannot be serialised: ranks 0 and 1 got the call, 2 and 3 did not
+    result = call(loop, controller, "acc", "add", x=[1, 1, Unsendable(), 1])
+    assert result.error.kind is ErrorKind.UNAVAILABLE and result.error.retry_after_s
+    wait_ready(controller, "acc")
+    assert controller.groups["acc"].unit.rebuilds == rebuilds + 1
+    assert values(loop, controller) == before
+
+
+def test_replay_gives_a_custom_dispatch_copies_of_the_journal(loop, controller):
+    answer = call(loop, controller, "actor", "foo_custom", x=[1, 2], y=[5, 6])
+    assert answer.ok and answer.output == [8, 10, 8, 10]
+    entry = controller.groups["actor"].journal.entries()[-1]
+    assert entry.kwargs == {"x": [1, 2], "y": [5, 6]}  # the dispatch appended to its own copies
+    state = controller.groups["actor"]
+    run(loop, _recover(controller, "actor"))
+    wait_ready(controller, "actor")
+    assert state.unit.status == "ready" and state.unit.last_error is None
+    assert controller.groups["actor"].journal.entries()[-1].kwargs == {"x": [1, 2], "y": [5, 6]}
+
+
+async def _recover(controller, group):
+    controller.supervisor.recover(controller.groups[group].unit, "test")
+
+
+def test_health_checks_during_a_long_call_do_not_rebuild(loop, controller):
+    unit = controller.groups["actor"].unit
+    rebuilds = unit.rebuilds
+
+    async def scenario():
+        slow = asyncio.ensure_future(controller.call(CallRequest("actor", "sleep", [], {"seconds": 4})))
+        statuses = []
+        while not slow.done():  # the health timeout is 1 s: the pings wait behind the call
+            statuses.append(await controller.check_health())
+        return await slow, statuses
+
+    result, statuses = run(loop, scenario())
+    assert result.ok and result.output == [4.0] * 4
+    assert len(statuses) >= 3 and all(s["actor"] == "ready" for s in statuses)
+    assert unit.rebuilds == rebuilds
+
+
+def test_library_keywords_are_not_reachable_from_arguments(loop, controller):
+    # Ray checks the worker method's signature as the call is submitted: nothing runs
+    for group, method in (("acc", "get_value"), ("actor", "history")):
+        result = call(loop, controller, group, method, blocking=False)
+        assert result.error.kind is ErrorKind.BAD_ARGUMENTS and "'blocking'" in result.error.message
+
+
+def test_a_custom_dispatch_that_fails_is_the_callers_error(loop, controller):
+    for kwargs in ({"x": [1, 2, 3], "y": [5, 6]}, {"x": "ab", "y": [5, 6]}):
+        result = call(loop, controller, "actor", "foo_custom", **kwargs)
+        assert result.error.kind is ErrorKind.BAD_ARGUMENTS, result.error
+        assert "two_to_all_dispatch_fn raised" in result.error.message
