@@ -7,52 +7,19 @@ Client bytes are only ever parsed as JSON or safetensors, never unpickled.
 
 from __future__ import annotations
 
-import json
-import math
 from typing import Any
 
 from pydantic import ValidationError
 
 from app.errors import ApiError
 from app.schemas import CallRequest
-from app.tensor_codec import (
-    TensorCodecError,
-    decode_json_value,
-    decode_safetensors,
-    encode_json_value,
-    encode_safetensors,
-    pack_output,
-    unpack_call,
-)
+from wire.errors import WireError
+from wire.json_tensors import decode_json_value, encode_json_value
+from wire.safetensors_call import decode_safetensors, encode_safetensors, pack_output, unpack_call
+from wire.strict_json import loads_strict
 
 JSON = "application/json"
 SAFETENSORS = "application/x-safetensors"
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number {text} is out of range for a 64-bit float")
-    return value
-
-
-def _int64(text: str) -> int:
-    value = int(text)
-    if not -(1 << 63) <= value < (1 << 63):
-        raise ValueError(f"integer {text[:40]}{'...' if len(text) > 40 else ''} is out of the 64-bit range")
-    return value
-
-
-def loads_strict(body: bytes) -> Any:
-    """JSON without NaN/Infinity and without numbers that overflow a float or an int64."""
-    try:
-        return json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_int64)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise ApiError(400, f"body is not valid JSON: {exc}") from None
 
 
 def media_type(header: str | None) -> str:
@@ -65,11 +32,14 @@ def parse_call_body(content_type: str | None, body: bytes) -> tuple[list, dict]:
     if kind == SAFETENSORS:
         try:
             return [], unpack_call(decode_safetensors(body))
-        except TensorCodecError as exc:
+        except WireError as exc:
             raise ApiError(400, f"bad safetensors body: {exc}") from None
     if kind not in (JSON, "") and not kind.endswith("+json"):
         raise ApiError(415, f"unsupported Content-Type {kind!r}: send {JSON} or {SAFETENSORS}")
-    payload = loads_strict(body) if body.strip() else {}
+    try:
+        payload = loads_strict(body) if body.strip() else {}
+    except WireError as exc:
+        raise ApiError(400, str(exc)) from None
     try:
         request = CallRequest.model_validate(payload)
     except ValidationError as exc:
@@ -78,7 +48,7 @@ def parse_call_body(content_type: str | None, body: bytes) -> tuple[list, dict]:
         raise ApiError(422, f"invalid call body at {where}: {first.get('msg')}") from None
     try:
         return decode_json_value(request.args, "args"), decode_json_value(request.kwargs, "kwargs")
-    except TensorCodecError as exc:
+    except WireError as exc:
         raise ApiError(422, str(exc)) from None
 
 
@@ -89,12 +59,12 @@ def wants_safetensors(accept: str | None) -> bool:
 def output_as_json(output: Any) -> Any:
     try:
         return encode_json_value(output)
-    except TensorCodecError as exc:
+    except WireError as exc:
         raise ApiError(500, f"output cannot be encoded as JSON: {exc}") from None
 
 
 def output_as_safetensors(output: Any) -> bytes:
     try:
         return encode_safetensors(pack_output(output))
-    except TensorCodecError as exc:
+    except WireError as exc:
         raise ApiError(406, f"output cannot be sent as safetensors ({exc}); ask for {JSON}") from None

@@ -43,16 +43,9 @@ import httpx
 import numpy as np
 import torch
 
-from app.tensor_codec import (
-    build_infer_request,
-    decode_json_value,
-    decode_safetensors,
-    encode_json_value,
-    encode_safetensors,
-    pack_call,
-    parse_infer_response,
-    unpack_output,
-)
+from wire.json_tensors import decode_json_value, encode_json_value
+from wire.oip_messages import build_infer_request, parse_infer_response
+from wire.safetensors_call import decode_safetensors, encode_safetensors, pack_call, unpack_output
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",

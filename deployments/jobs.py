@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from ray import serve
 
+from wire.split import split_call
+
 #: Finished jobs kept (oldest results dropped first).
 MAX_FINISHED_JOBS = 100
 
@@ -55,38 +57,6 @@ class Job:
             "submitted_at": self.submitted_at,
             "elapsed_s": round((self.finished_at or now) - (self.started_at or now), 3),
         }
-
-
-def split_call(args: list, kwargs: dict, pieces: int) -> list[tuple[list, dict]]:
-    """The call's arguments for each piece. The argument split is the first positional
-    one, or else the one keyword argument, that is a list of tensors (one per dp rank):
-    each of its tensors is cut into ``pieces`` along dim 0; other arguments are unchanged."""
-    if pieces <= 1:
-        return [(args, kwargs)]
-
-    def tensors(value: Any) -> bool:
-        return isinstance(value, list) and bool(value) and all(isinstance(t, torch.Tensor) for t in value)
-
-    if args and tensors(args[0]):
-        key: int | str = 0
-        target = args[0]
-    else:
-        candidates = [k for k, v in kwargs.items() if tensors(v)]
-        if args or len(candidates) != 1:
-            raise ValueError("split needs one argument that is a list of tensors (one per dp rank)")
-        key, target = candidates[0], kwargs[candidates[0]]
-    for tensor in target:
-        if tensor.dim() == 0 or tensor.shape[0] < pieces:
-            raise ValueError(f"cannot split a tensor of shape {list(tensor.shape)} into {pieces} pieces")
-    chunks = [torch.tensor_split(t, pieces, dim=0) for t in target]
-    calls = []
-    for i in range(pieces):
-        piece = [c[i] for c in chunks]
-        if key == 0:
-            calls.append(([piece, *args[1:]], kwargs))
-        else:
-            calls.append((args, {**kwargs, key: piece}))
-    return calls
 
 
 def join_outputs(outputs: list[Any]) -> Any:

@@ -22,19 +22,12 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from app.tensor_codec import (
-    TensorCodecError,
-    build_infer_response,
-    decode_json_value,
-    decode_safetensors,
-    encode_json_value,
-    encode_safetensors,
-    pack_output,
-    parse_infer_request,
-    unpack_call,
-)
 from clients import cli
 from clients.python_client import AsyncSingleControllerClient, ServiceError, SingleControllerClient
+from wire.errors import WireError
+from wire.json_tensors import decode_json_value, encode_json_value
+from wire.oip_messages import build_infer_response, parse_infer_request
+from wire.safetensors_call import decode_safetensors, encode_safetensors, pack_output, unpack_call
 
 SAFETENSORS = "application/x-safetensors"
 TOKEN = "s3cret"
@@ -126,7 +119,7 @@ def make_fake_service() -> tuple[FastAPI, dict[str, Any]]:
                 state["seen"]["json"] = payload
                 args = decode_json_value(payload.get("args", []), "args")
                 kwargs = decode_json_value(payload.get("kwargs", {}), "kwargs")
-        except (TensorCodecError, ValueError) as exc:
+        except (WireError, ValueError) as exc:
             return error(400, str(exc))
         state["seen"]["args"], state["seen"]["kwargs"] = args, kwargs
         try:
@@ -138,7 +131,7 @@ def make_fake_service() -> tuple[FastAPI, dict[str, Any]]:
         if SAFETENSORS in request.headers.get("accept", ""):
             try:
                 return Response(encode_safetensors(pack_output(output)), media_type=SAFETENSORS)
-            except TensorCodecError as exc:
+            except WireError as exc:
                 return error(406, str(exc))
         return {"group": group, "method": method, "dispatch_mode": "EXECUTE_ALL", "execute_mode": "ALL",
                 "world_size": 4, "output": encode_json_value(output)}
@@ -162,7 +155,7 @@ def make_fake_service() -> tuple[FastAPI, dict[str, Any]]:
         length = request.headers.get("inference-header-content-length")
         try:
             inference, inputs = parse_infer_request(await request.body(), int(length) if length else None)
-        except TensorCodecError as exc:
+        except WireError as exc:
             return error(400, str(exc))
         state["seen"] = {"inference": inference, "header_length": length}
         outputs = {"y": inputs["x"] * 2, "z": inputs["x"] + 1}
