@@ -30,7 +30,7 @@ COPY --chown=ray:users wire ./wire
 COPY --chown=ray:users app ./app
 COPY --chown=ray:users deployments ./deployments
 COPY --chown=ray:users clients ./clients
-RUN pip install --no-cache-dir -c constraints.txt .
+RUN pip install --no-cache-dir -c constraints.txt '.[server]'
 
 COPY --chown=ray:users serve_config.yaml ./
 
