@@ -351,11 +351,14 @@ def _encode(value: Any, where: str, depth: int, max_depth: int) -> Any:
     return _opaque(value)
 
 
-def json_value_count(value: Any, stop_above: int | None = None, max_depth: int = DEFAULT_LIMITS.max_depth) -> int:
+def json_value_count(
+    value: Any, stop_above: int | None = None, max_depth: int = DEFAULT_LIMITS.max_depth
+) -> int:
     """How many JSON values :func:`encode_json_value` would make of ``value``, without
     encoding it: a tensor or numeric array counts its elements, every other value (list and
-    mapping included) one. Stops counting once past ``stop_above``; nesting deeper than
-    ``max_depth`` (a cycle) is a :class:`WireError`."""
+    mapping included) one. Stops once the count passes ``stop_above`` (the number returned
+    is then only known to be over it); nesting deeper than ``max_depth`` (a cycle) is a
+    :class:`WireError`."""
     count = 1
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack and (stop_above is None or count <= stop_above):

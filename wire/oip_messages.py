@@ -227,7 +227,7 @@ def requested_outputs(request: Mapping[str, Any], output_names: Sequence[str]) -
     requested = request.get("outputs") or []
     unknown = [entry["name"] for entry in requested if entry["name"] not in output_names]
     if unknown:
-        raise WireError(f"the model has no output {unknown[0]!r:.100}; outputs: {list(output_names)}")
+        raise WireError(f"no output {unknown[0]!r:.100} (outputs: {list(output_names)})")
     if requested:
         chosen = [entry["name"] for entry in requested]
         binary = {entry["name"] for entry in requested if (entry.get("parameters") or {}).get("binary_data")}

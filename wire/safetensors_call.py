@@ -74,7 +74,9 @@ def _check_header(header: Any, limits: WireLimits) -> None:
         raise WireError("safetensors header is not a JSON object")
     count = len(header) - (_METADATA in header)
     if count > limits.max_tensors:
-        raise WireError(f"safetensors body holds {count} tensors, over the limit of {limits.max_tensors} (limits.max_tensors)")
+        raise WireError(
+            f"safetensors body holds {count} tensors, over the limit of {limits.max_tensors} (limits.max_tensors)"
+        )
     for name, entry in header.items():
         if name != _METADATA and isinstance(entry, dict) and "shape" in entry:
             check_shape(entry["shape"], f"safetensors tensor {name!r:.100}", limits)
@@ -173,7 +175,9 @@ def unpack_call(named: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         elif name.isidentifier():
             kwargs[name] = tensor
         else:
-            raise WireError(f"tensor name {name!r:.100} is neither an argument name nor a list item such as 'x.0'")
+            raise WireError(
+                f"tensor name {name!r:.100} is neither an argument name nor a list item such as 'x.0'"
+            )
     for base, items in lists.items():
         if base in kwargs:
             raise WireError(f"argument {base!r} is given both as a tensor and as list items {base}.N")
@@ -200,7 +204,9 @@ def _unescape_key(part: str) -> str:
     return _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), part)
 
 
-def pack_output(output: Any, prefix: str = "output", limits: WireLimits = DEFAULT_LIMITS) -> dict[str, torch.Tensor]:
+def pack_output(
+    output: Any, prefix: str = "output", limits: WireLimits = DEFAULT_LIMITS
+) -> dict[str, torch.Tensor]:
     """A collected output as named tensors for a safetensors answer: a tensor (or numpy
     array, or number) is ``output``; list items are ``output.0``, ``output.1``, ...; mapping
     values are ``output.<escaped key>``, recursively (``output.0.gate_up_proj%2Eweight``).
@@ -264,7 +270,7 @@ def unpack_output(
 
     def build(node: dict[str, Any], path: str) -> Any:
         values = {
-            part: child[1] if isinstance(child, tuple) and child and child[0] is leaf else build(child, f"{path}.{part}")
+            part: child[1] if isinstance(child, tuple) and child[0] is leaf else build(child, f"{path}.{part}")
             for part, child in node.items()
         }
         indexed = [bool(_INDEX.match(part)) for part in values]

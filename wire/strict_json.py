@@ -42,16 +42,21 @@ def _int64(text: str) -> int:
     raise ValueError(f"integer {text[:40]}{'...' if len(text) > 40 else ''} is out of the 64-bit range")
 
 
-def _separators(raw: bytes) -> int:
-    return 1 + raw.count(b"[") - raw.count(b"[]") + raw.count(b",") + raw.count(b":")
+def _quick_bound(raw: bytes) -> int:
+    """An upper bound on the values, strings and all: one, plus one per ``,``, ``[`` and ``{``."""
+    return 1 + raw.count(b",") + raw.count(b"[") + raw.count(b"{")
 
 
 def value_bound(raw: bytes) -> int:
-    """At most how many JSON values ``raw`` holds: every value but the first follows a
-    ``[`` (unless the list is empty), ``,`` or ``:``, so counting those outside strings
-    bounds it (exactly, when no empty list has white space inside). Counted at C speed;
-    nothing is parsed or built."""
-    return _separators(_STRING.sub(b"", raw)) if b'"' in raw else _separators(raw)
+    """At most how many JSON values ``raw`` holds (every number, string, literal, list and
+    object counts one), counted at C speed without parsing or building anything. Outside
+    strings, a list's items are its commas plus one unless it is empty, an object's members
+    likewise, and each member has one value: so the values are one (the outermost) plus
+    the commas plus the non-empty lists and objects. Exact for JSON without white space
+    inside empty lists and objects (such white space only adds to the count)."""
+    outside = _STRING.sub(b"", raw) if b'"' in raw else raw
+    empty = outside.count(b"[]") + outside.count(b"{}")
+    return _quick_bound(outside) - empty
 
 
 def loads_strict(
@@ -60,8 +65,8 @@ def loads_strict(
     """Parsed JSON, or a :class:`WireError` saying ``what`` is not valid JSON or holds more
     than ``limits.max_json_values`` values."""
     data = raw.encode() if isinstance(raw, str) else bytes(raw)
-    # The count with strings in it is an upper bound too, and cheaper: strip them only when it is over.
-    if _separators(data) > limits.max_json_values and value_bound(data) > limits.max_json_values:
+    # The quick bound counts inside strings too and is cheaper: strip strings only when it is over.
+    if _quick_bound(data) > limits.max_json_values and value_bound(data) > limits.max_json_values:
         raise WireError(
             f"{what} holds more than {limits.max_json_values} JSON values (limits.max_json_values); "
             "send large tensors as safetensors or OIP binary data"
