@@ -1,7 +1,8 @@
 """The one strict JSON loader for bytes from the network, and the compact dumper.
 
-Strict: no NaN or Infinity, no number that overflows a 64-bit float or integer, and at most
-``limits.max_json_values`` values, counted on the bytes before anything is built.
+Strict: UTF-8 only (as RFC 8259 requires of JSON between systems), no NaN or Infinity, no
+number that overflows a 64-bit float or integer, and at most ``limits.max_json_values``
+values, counted on the bytes before anything is built.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ def loads_strict(
     """Parsed JSON, or a :class:`WireError` saying ``what`` is not valid JSON or holds more
     than ``limits.max_json_values`` values."""
     data = raw.encode() if isinstance(raw, str) else bytes(raw)
+    # UTF-8 JSON never holds a NUL byte; UTF-16/32 always does, and its bytes would fool the count.
+    if b"\0" in data:
+        raise WireError(f"{what} is not valid JSON: it must be UTF-8 (a NUL byte at offset {data.index(0)})")
     # The quick bound counts inside strings too and is cheaper: strip strings only when it is over.
     if _quick_bound(data) > limits.max_json_values and value_bound(data) > limits.max_json_values:
         raise WireError(

@@ -43,7 +43,8 @@ def test_the_value_count_skips_strings_and_is_exact_for_compact_json():
 @pytest.mark.parametrize(
     ("raw", "message"),
     [(b"[NaN]", "NaN is not a number"), (b"[1e400]", "out of range for a 64-bit float"),
-     (b"[9223372036854775808]", "out of the 64-bit range"), (b"{", "not valid JSON"), (b"\xff", "not valid JSON")],
+     (b"[9223372036854775808]", "out of the 64-bit range"), (b"{", "not valid JSON"), (b"\xff", "not valid JSON"),
+     ('["\u2200", 0]'.encode("utf-16-le"), "must be UTF-8")],
 )
 def test_the_strict_loader_refuses_what_json_or_64_bits_cannot_hold(raw, message):
     with pytest.raises(WireError, match=message):
