@@ -26,10 +26,11 @@ RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu 
 
 COPY --chown=ray:users pyproject.toml constraints.txt README.md ./
 COPY --chown=ray:users single_controller ./single_controller
+COPY --chown=ray:users wire ./wire
 COPY --chown=ray:users app ./app
 COPY --chown=ray:users deployments ./deployments
 COPY --chown=ray:users clients ./clients
-RUN pip install --no-cache-dir -c constraints.txt .
+RUN pip install --no-cache-dir -c constraints.txt '.[server]'
 
 COPY --chown=ray:users serve_config.yaml ./
 

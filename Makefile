@@ -9,7 +9,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	# torch first, pinned, so nothing resolves a newer CUDA build
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[server,dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)

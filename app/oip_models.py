@@ -4,7 +4,7 @@ validation and the OpenAPI schema of the /v2 routes.
 Inference bodies that use the binary tensor data extension are a JSON header followed by
 raw bytes; only the header is described by :class:`InferRequest` / :class:`InferResponse`
 (a binary tensor carries ``parameters.binary_data_size`` instead of ``data``). Decoding
-tensors is :mod:`app.tensor_codec`'s job.
+tensors is :mod:`wire.oip_messages`' job.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
 
+from wire.dtypes import DATATYPES
+
 #: Tensor datatypes this service accepts and returns (OIP names).
-Datatype = Literal["BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "BF16", "FP32", "FP64"]
+Datatype = Literal[tuple(DATATYPES)]  # type: ignore[valid-type]
 
 #: Name of the binary tensor data extension in server metadata.
 BINARY_TENSOR_DATA = "binary_tensor_data"
@@ -175,9 +177,3 @@ class ModelMetadata(BaseModel):
     platform: str = Field(..., description="Framework that runs the model.", examples=["pytorch_megatron_core"])
     inputs: list[MetadataTensor] = Field(..., description="Inputs the model takes.")
     outputs: list[MetadataTensor] = Field(..., description="Outputs the model returns.")
-
-
-class ErrorResponse(BaseModel):
-    """Any failure: a status code of 4xx or 5xx and this body."""
-
-    error: str = Field(..., description="What went wrong.", examples=["unknown model 'nope'"])

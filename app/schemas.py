@@ -83,7 +83,9 @@ class GroupList(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    error: str
+    """Any failure: a status code of 4xx or 5xx and this body."""
+
+    error: str = Field(..., description="What went wrong.", examples=["unknown model 'nope'"])
 
 
 class Health(BaseModel):

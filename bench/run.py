@@ -229,7 +229,7 @@ async def _throughput(url: str, path: str, body: dict, clients: int, seconds: fl
 
 
 def safetensors_body(name: str, t: torch.Tensor) -> bytes:
-    from app.tensor_codec import encode_safetensors
+    from wire.safetensors_call import encode_safetensors
 
     return encode_safetensors({name: t})
 

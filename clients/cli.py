@@ -33,8 +33,9 @@ import httpx
 import torch
 from tqdm import tqdm
 
-from app.tensor_codec import DATATYPE_OF, DATATYPES, encode_json_value
 from clients.python_client import DEFAULT_TIMEOUT_S, DEFAULT_URL, ServiceError, SingleControllerClient
+from wire.dtypes import DATATYPE_OF, DATATYPES
+from wire.json_tensors import encode_json_value
 
 T = TypeVar("T")
 

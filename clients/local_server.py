@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import yaml
 
+from single_controller.rendezvous import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "serve_config.yaml"
 
@@ -24,12 +26,6 @@ CONFIG = ROOT / "serve_config.yaml"
 def port_free(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) != 0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ServeProcess:

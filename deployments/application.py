@@ -4,6 +4,7 @@ deployment, the jobs deployment, and the HTTP ingress with its static route tabl
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import ray
@@ -37,10 +38,8 @@ def ingress_settings(config: ServiceConfig) -> IngressSettings:
         auth_token=config.auth_token,
         max_body_bytes=config.max_body_bytes,
         request_timeout_s=config.request_timeout_s,
-        max_json_tensors=limits.max_json_tensors,
-        max_json_values=limits.max_json_values,
-        max_json_answer_values=limits.max_json_answer_values,
         max_split=limits.max_split,
+        limits=dataclasses.asdict(limits.wire()),
         groups=config.deployment_of_group(),
         models={
             model.name: ModelRoute(deployment=d.name, group=model.group, outputs=[t.name for t in model.outputs])

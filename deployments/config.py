@@ -26,6 +26,7 @@ pool.same_as: ...``).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import re
@@ -33,6 +34,9 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from wire.limits import DEFAULT_LIMITS as WIRE_DEFAULTS
+from wire.limits import WireLimits
 
 #: Names that appear in URLs (groups, models) and in Serve (deployments).
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]{0,62}$"
@@ -216,21 +220,30 @@ class StateConfig(_Strict):
 
 
 class LimitsConfig(_Strict):
-    """Bounds that keep a request's cost proportional to its bytes."""
+    """Bounds that keep a request's cost in proportion to its bytes, and the service's
+    memory bounded (every one has a default; the README lists them)."""
 
-    max_json_tensors: int = Field(10_000, ge=1, description="tensor objects in one JSON body")
-    max_json_values: int = Field(10_000_000, ge=1, description="numbers and items in one JSON body")
-    max_json_answer_values: int = Field(
-        10_000_000, ge=1, description="values in a JSON answer; larger answers need Accept: application/x-safetensors"
+    max_tensors: int = Field(WIRE_DEFAULTS.max_tensors, ge=1, description="tensors in one body")
+    max_json_values: int = Field(WIRE_DEFAULTS.max_json_values, ge=1, description="JSON values in one body")
+    max_json_output_values: int = Field(
+        WIRE_DEFAULTS.max_json_output_values, ge=1,
+        description="values in a JSON answer; larger answers need Accept: application/x-safetensors",
     )
+    max_tensor_elements: int = Field(WIRE_DEFAULTS.max_tensor_elements, ge=1, description="elements of one tensor")
+    max_ndim: int = Field(WIRE_DEFAULTS.max_ndim, ge=1, description="dimensions of one tensor")
+    max_depth: int = Field(WIRE_DEFAULTS.max_depth, ge=1, description="nesting of lists and objects")
     max_split: int = Field(4096, ge=1, description="pieces of a job (?split=N)")
-    max_split_views: int = Field(100_000, ge=1, description="pieces x tensors of a split job")
+    max_split_views: int = Field(WIRE_DEFAULTS.max_split_views, ge=1, description="pieces x tensors of a split job")
     idempotency_keys: int = Field(10_000, ge=0, description="answers kept per controller for Idempotency-Key repeats")
     idempotency_bytes: int = Field(256 << 20, ge=0, description="bytes of those answers")
     jobs_running: int = Field(4, ge=1, description="jobs running at once; more wait in the queue")
     jobs_queued: int = Field(64, ge=0, description="jobs waiting; more answer 429")
     jobs_kept: int = Field(100, ge=0, description="finished jobs kept for their status")
     jobs_result_bytes: int = Field(1 << 30, ge=0, description="bytes of finished jobs' results kept")
+
+    def wire(self) -> WireLimits:
+        """The bounds the decoders (wire) take."""
+        return WireLimits(**{f.name: getattr(self, f.name) for f in dataclasses.fields(WireLimits)})
 
 
 class ServiceConfig(_Strict):

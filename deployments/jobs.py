@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +30,8 @@ from deployments.config import LimitsConfig
 from deployments.contract import CallRequest, CallResult, ControllerError, ErrorKind
 from deployments.idempotency import estimate_bytes
 from deployments.supervisor import first_line
+from wire.errors import WireError
+from wire.split import SplitCall, split_call
 
 
 @dataclass
@@ -68,57 +69,6 @@ class Job:
         }
 
 
-def split_target(args: list, kwargs: dict) -> tuple[int | str, list[torch.Tensor]]:
-    """The argument a split cuts: the first positional one, or else the one keyword
-    argument, that is a list of tensors (one per dp rank)."""
-
-    def tensors(value: Any) -> bool:
-        return isinstance(value, list) and bool(value) and all(isinstance(t, torch.Tensor) for t in value)
-
-    if args and tensors(args[0]):
-        return 0, args[0]
-    candidates = [k for k, v in kwargs.items() if tensors(v)]
-    if args or len(candidates) != 1:
-        raise ValueError("split needs one argument that is a list of tensors (one per dp rank)")
-    return candidates[0], kwargs[candidates[0]]
-
-
-def check_split(args: list, kwargs: dict, pieces: int, max_views: int) -> None:
-    """ValueError unless the call splits into ``pieces``: checked from the shapes alone,
-    before any piece is made (cost in proportion to the arguments, not to ``pieces``)."""
-    if pieces <= 1:
-        return
-    _, target = split_target(args, kwargs)
-    if pieces * len(target) > max_views:
-        raise ValueError(
-            f"split={pieces} of {len(target)} tensors makes {pieces * len(target)} pieces, over the limit of {max_views}"
-        )
-    for tensor in target:
-        if tensor.dim() == 0 or tensor.shape[0] < pieces:
-            raise ValueError(f"cannot split a tensor of shape {list(tensor.shape)} into {pieces} pieces")
-
-
-def piece_span(rows: int, pieces: int, index: int) -> tuple[int, int]:
-    """``(start, length)`` of piece ``index`` of ``rows`` rows cut into ``pieces``
-    (torch.tensor_split's sizes: the first ``rows % pieces`` pieces one row longer)."""
-    size, extra = divmod(rows, pieces)
-    return index * size + min(index, extra), size + (1 if index < extra else 0)
-
-
-def split_calls(args: list, kwargs: dict, pieces: int) -> Iterator[tuple[list, dict]]:
-    """Each piece's arguments, made one at a time as the job reaches it."""
-    if pieces <= 1:
-        yield args, kwargs
-        return
-    key, target = split_target(args, kwargs)
-    for i in range(pieces):
-        piece = [t.narrow(0, *piece_span(t.shape[0], pieces, i)) for t in target]
-        if key == 0:
-            yield [piece, *args[1:]], kwargs
-        else:
-            yield args, {**kwargs, key: piece}
-
-
 def join_outputs(outputs: list[Any]) -> Any:
     """Concatenate the pieces' outputs (lists of tensors, one per dp rank) along dim 0."""
     if len(outputs) == 1:
@@ -145,8 +95,8 @@ class JobsDeployment:
                 f"{request.group}.{request.method} changes state",
             )
         try:
-            check_split(request.args, request.kwargs, split, self.limits.max_split_views)
-        except ValueError as exc:
+            pieces = split_call(request.args, request.kwargs, split, self.limits.wire())
+        except WireError as exc:
             return ControllerError(ErrorKind.BAD_ARGUMENTS, str(exc))
         queued = sum(1 for job in self.jobs.values() if job.status == "queued")
         if queued >= self.limits.jobs_queued:
@@ -155,10 +105,10 @@ class JobsDeployment:
             )
         job = Job(id=uuid.uuid4().hex, request=request, controller=controller, split=split)
         self.jobs[job.id] = job
-        job.task = asyncio.get_running_loop().create_task(self._run(job))
+        job.task = asyncio.get_running_loop().create_task(self._run(job, pieces))
         return job.describe()
 
-    async def _run(self, job: Job) -> None:
+    async def _run(self, job: Job, pieces: SplitCall) -> None:
         async with self._slots:
             if job.cancel_requested:
                 job.finished_at, job.task = time.time(), None
@@ -167,7 +117,7 @@ class JobsDeployment:
             handle = self.controllers[job.controller]
             request, outputs, outcome = job.request, [], None
             try:
-                for index, (args, kwargs) in enumerate(split_calls(request.args, request.kwargs, job.split)):
+                for index, (args, kwargs) in enumerate(pieces):
                     piece = CallRequest(request.group, request.method, args, kwargs)
                     outcome = await handle.call.remote(piece)
                     if outcome.error is not None:

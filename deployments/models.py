@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from app.tensor_codec import datatype_of  # moves to wire.dtypes
 from deployments.config import ModelConfig
 from deployments.contract import CallRequest, ControllerError, ErrorKind, InferResult
 from deployments.supervisor import READY, as_asyncio
+from wire.dtypes import datatype_of
 
 
 class ModelServer:

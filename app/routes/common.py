@@ -67,6 +67,6 @@ async def call_request(request: Request, group: str, method: str) -> CallRequest
         raise ApiError(404, f"unknown group {group!r}; groups: {', '.join(sorted(config.groups))}")
     kind = body_kind(request, (JSON, SAFETENSORS))
     body = await read_body(request, config.max_body_bytes)
-    args, kwargs = await off_loop(len(body), parse_call_body, kind, body)
+    args, kwargs = await off_loop(len(body), parse_call_body, kind, body, config.wire_limits())
     key = request.headers.get("idempotency-key") or None
     return CallRequest(group, method, args, kwargs, key, fingerprint(kind, body) if key else None)

@@ -9,11 +9,12 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from app.auth import require_token
-from app.call_body import call_answer_body, json_value_count
+from app.call_body import call_answer_body
 from app.errors import ApiError
-from app.routes.common import backend, call_request, errors, off_loop, settings
+from app.routes.common import OFF_LOOP_BYTES, backend, call_request, errors, off_loop, settings
 from app.schemas import CALL_BODY_DOC, CallResponse, GroupDetail, GroupList
 from deployments.contract import CallResult, GroupSummary
+from wire.json_tensors import json_value_count
 
 router = APIRouter(tags=["groups"], dependencies=[Depends(require_token)])
 
@@ -38,12 +39,12 @@ async def answer(request: Request, group: str, method: str, result: CallResult) 
         "world_size": result.world_size,
     }
     body, media = await off_loop(
-        8 * json_value_count(result.output),
+        8 * json_value_count(result.output, stop_above=OFF_LOOP_BYTES),
         call_answer_body,
         result.output,
         envelope,
         request.headers.get("accept"),
-        settings(request).max_json_answer_values,
+        settings(request).wire_limits(),
     )
     return Response(body, media_type=media)
 

@@ -74,14 +74,17 @@ async def infer(model: str, request: Request) -> Response:
     if kind not in ("", JSON, OCTET_STREAM):  # tritonclient sends none
         raise ApiError(415, f"unsupported media type {kind!r}; send {JSON} or {OCTET_STREAM}")
     body = await read_body(request, settings(request).max_body_bytes)
+    limits = settings(request).wire_limits()
     inference, inputs = await off_loop(
-        len(body), oip.parse_request, body, request.headers.get("inference-header-content-length")
+        len(body), oip.parse_request, body, request.headers.get("inference-header-content-length"), limits
     )
-    chosen = oip.requested_outputs(model, inference, route.outputs)
+    chosen, binary = oip.chosen_outputs(model, inference, route.outputs)
     result = await backend(request).infer(model, inputs)
     if result.error is not None:
         raise ApiError.of(result.error)
-    answer, header_length = await off_loop(len(body), oip.response, model, inference, chosen, result.outputs)
+    answer, header_length = await off_loop(
+        len(body), oip.response, model, inference, chosen, binary, result.outputs
+    )
     if header_length is None:
         return Response(answer, media_type=JSON)
     return Response(

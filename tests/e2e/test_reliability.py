@@ -345,7 +345,7 @@ def test_the_same_idempotency_key_with_another_body_is_refused(http):
 def test_answers_too_large_for_json_point_to_safetensors(http):
     import safetensors.torch
 
-    x = torch.zeros(10_000_001)  # one value over the default max_json_answer_values
+    x = torch.zeros((1 << 20) + 1)  # one value over the default limits.max_json_output_values
     body = safetensors.torch.save({"x": x})
     refused = http.post("/v1/groups/test_actor/echo", content=body,
                         headers={"Content-Type": "application/x-safetensors"})

@@ -1,4 +1,4 @@
-"""The OIP binary tensor data extension in app.tensor_codec, checked against tritonclient's
+"""The OIP binary tensor data extension in wire.oip_messages, checked against tritonclient's
 own request builder and response parser (no server), plus the pydantic OIP models."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from app.oip_models import InferRequest, InferResponse, ModelMetadata, ServerMetadata
-from app.tensor_codec import (
-    TensorCodecError,
+from wire.errors import WireError
+from wire.oip_messages import (
     build_infer_request,
     build_infer_response,
     parse_infer_request,
@@ -217,22 +217,22 @@ def test_malformed_requests_raise_codec_errors(body_and_length, message):
     if message is None:
         parse_infer_request(body, length)
         return
-    with pytest.raises(TensorCodecError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(WireError, match=message.replace("[", r"\[").replace("]", r"\]")):
         parse_infer_request(body, length)
 
 
 def test_binary_data_without_header_length_is_an_error():
     header = json.dumps(one_input(8)).encode()
-    with pytest.raises(TensorCodecError, match="no Inference-Header-Content-Length"):
+    with pytest.raises(WireError, match="no Inference-Header-Content-Length"):
         parse_infer_request(header, None)
 
 
 def test_truncated_tritonclient_body_is_an_error():
     x = np.arange(16, dtype=np.float32)
     body, json_size = InferenceServerClient.generate_request_body([triton_input("x", x, "FP32")])
-    with pytest.raises(TensorCodecError, match="short"):
+    with pytest.raises(WireError, match="short"):
         parse_infer_request(body[:-1], json_size)
-    with pytest.raises(TensorCodecError):
+    with pytest.raises(WireError):
         parse_infer_request(body, json_size - 1)
 
 

@@ -22,19 +22,12 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from app.tensor_codec import (
-    TensorCodecError,
-    build_infer_response,
-    decode_json_value,
-    decode_safetensors,
-    encode_json_value,
-    encode_safetensors,
-    pack_output,
-    parse_infer_request,
-    unpack_call,
-)
 from clients import cli
 from clients.python_client import AsyncSingleControllerClient, ServiceError, SingleControllerClient
+from wire.errors import WireError
+from wire.json_tensors import decode_json_value, encode_json_value
+from wire.oip_messages import build_infer_response, parse_infer_request
+from wire.safetensors_call import decode_safetensors, encode_safetensors, pack_output, unpack_call
 
 SAFETENSORS = "application/x-safetensors"
 TOKEN = "s3cret"
@@ -59,7 +52,7 @@ def error(status: int, message: str, headers: dict[str, str] | None = None) -> J
 def make_fake_service() -> tuple[FastAPI, dict[str, Any]]:
     """The fake, and a dict where it records what the last request carried."""
     app = FastAPI()
-    state: dict[str, Any] = {"ready": True, "token": None, "seen": {}}
+    state: dict[str, Any] = {"ready": True, "token": None, "seen": {}, "jobs": {}}
 
     def authorised(request: Request) -> bool:
         return state["token"] is None or request.headers.get("authorization") == f"Bearer {state['token']}"
@@ -126,7 +119,7 @@ def make_fake_service() -> tuple[FastAPI, dict[str, Any]]:
                 state["seen"]["json"] = payload
                 args = decode_json_value(payload.get("args", []), "args")
                 kwargs = decode_json_value(payload.get("kwargs", {}), "kwargs")
-        except (TensorCodecError, ValueError) as exc:
+        except (WireError, ValueError) as exc:
             return error(400, str(exc))
         state["seen"]["args"], state["seen"]["kwargs"] = args, kwargs
         try:
@@ -138,7 +131,7 @@ def make_fake_service() -> tuple[FastAPI, dict[str, Any]]:
         if SAFETENSORS in request.headers.get("accept", ""):
             try:
                 return Response(encode_safetensors(pack_output(output)), media_type=SAFETENSORS)
-            except TensorCodecError as exc:
+            except WireError as exc:
                 return error(406, str(exc))
         return {"group": group, "method": method, "dispatch_mode": "EXECUTE_ALL", "execute_mode": "ALL",
                 "world_size": 4, "output": encode_json_value(output)}
@@ -162,7 +155,7 @@ def make_fake_service() -> tuple[FastAPI, dict[str, Any]]:
         length = request.headers.get("inference-header-content-length")
         try:
             inference, inputs = parse_infer_request(await request.body(), int(length) if length else None)
-        except TensorCodecError as exc:
+        except WireError as exc:
             return error(400, str(exc))
         state["seen"] = {"inference": inference, "header_length": length}
         outputs = {"y": inputs["x"] * 2, "z": inputs["x"] + 1}
@@ -177,6 +170,39 @@ def make_fake_service() -> tuple[FastAPI, dict[str, Any]]:
             return Response(body, media_type="application/json")
         return Response(body, media_type="application/octet-stream",
                         headers={"Inference-Header-Content-Length": str(header_length)})
+
+    # Jobs: run at once; the first status poll says running, half done.
+    def job_status(job: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in job.items() if k != "output"}
+
+    @app.post("/v1/jobs/{group}/{method}")
+    async def submit_job(group: str, method: str, request: Request):
+        payload = json.loads(await request.body())
+        output = run(group, method, decode_json_value(payload["args"]), decode_json_value(payload["kwargs"]))
+        job = {"id": f"job-{len(state['jobs'])}", "group": group, "method": method, "status": "running",
+               "progress": 0.5, "split": int(request.query_params["split"]), "output": output}
+        state["jobs"][job["id"]] = job
+        return JSONResponse(job_status(job), status_code=202, headers={"Location": f"/v1/jobs/{job['id']}"})
+
+    @app.get("/v1/jobs/{job_id}")
+    async def job(job_id: str):
+        job = state["jobs"][job_id]
+        shown = job_status(job)
+        job.update(status="succeeded", progress=1.0)
+        return shown
+
+    @app.get("/v1/jobs/{job_id}/result")
+    async def job_result(job_id: str, request: Request):
+        job = state["jobs"][job_id]
+        if SAFETENSORS in request.headers.get("accept", ""):
+            return Response(encode_safetensors(pack_output(job["output"])), media_type=SAFETENSORS)
+        return {"group": job["group"], "method": job["method"], "dispatch_mode": "EXECUTE_ALL",
+                "execute_mode": "ALL", "world_size": 4, "output": encode_json_value(job["output"])}
+
+    @app.delete("/v1/jobs/{job_id}")
+    async def cancel_job(job_id: str):
+        state["jobs"][job_id]["status"] = "cancelled"
+        return job_status(state["jobs"][job_id])
 
     return app, state
 
@@ -390,6 +416,42 @@ def test_async_client_over_asgi():
             state["ready"] = False
             assert not await c.ready()
             assert not await c.wait_ready(timeout=0.2, interval=0.05)
+
+    asyncio.run(scenario())
+
+
+def test_both_clients_have_the_same_methods():
+    def public(cls: type) -> set[str]:
+        return {name for name in dir(cls) if not name.startswith("_")}
+
+    assert public(SingleControllerClient) - {"close"} == public(AsyncSingleControllerClient) - {"aclose"}
+    assert {"submit_job", "job", "wait_job", "job_result", "cancel_job"} <= public(AsyncSingleControllerClient)
+
+
+def test_jobs_with_the_blocking_client(client):
+    job = client.submit_job("gpu_accumulator", "add", kwargs={"x": [1, 1, 1, 1]}, split=2)
+    assert job["split"] == 2 and job["status"] == "running"
+    seen: list[float] = []
+    final = client.wait_job(job["id"], on_progress=lambda status: seen.append(status["progress"]), interval=0.01)
+    assert final["status"] == "succeeded" and seen == [0.5, 1.0]
+    assert values(client.job_result(job["id"])) == [1, 2, 3, 4]
+    assert values(client.job_result(job["id"], binary=True, full=True)["output"]) == [1, 2, 3, 4]
+    assert client.cancel_job(job["id"])["status"] == "cancelled"
+
+
+def test_jobs_with_the_async_client():
+    app, _ = make_fake_service()
+
+    async def scenario() -> None:
+        async with AsyncSingleControllerClient("http://fake", transport=httpx.ASGITransport(app=app)) as c:
+            job = await c.submit_job("gpu_accumulator", "add", kwargs={"x": [2, 2, 2, 2]}, split=4)
+            assert (await c.job(job["id"]))["progress"] == 0.5
+            final = await c.wait_job(job["id"], interval=0.01)
+            assert final["status"] == "succeeded" and final["split"] == 4
+            assert values(await c.job_result(job["id"], binary=True)) == [2, 3, 4, 5]
+            answer = await c.job_result(job["id"], full=True)
+            assert answer["world_size"] == 4 and values(answer["output"]) == [2, 3, 4, 5]
+            assert (await c.cancel_job(job["id"]))["status"] == "cancelled"
 
     asyncio.run(scenario())
 

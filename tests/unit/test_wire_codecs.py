@@ -1,4 +1,4 @@
-"""app.tensor_codec: OIP JSON tensor objects, walking nested values, safetensors bodies
+"""wire.json_tensors and wire.safetensors_call: OIP JSON tensor objects, walking nested values, safetensors bodies
 and the call/output naming conventions. No Ray, no server."""
 
 from __future__ import annotations
@@ -13,18 +13,20 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from app.tensor_codec import (
-    DATATYPES,
-    TensorCodecError,
+from wire.dtypes import DATATYPES
+from wire.errors import WireError
+from wire.json_tensors import (
     decode_json_value,
-    decode_safetensors,
     encode_json_value,
-    encode_safetensors,
     is_json_tensor,
     json_to_tensor,
+    tensor_to_json,
+)
+from wire.safetensors_call import (
+    decode_safetensors,
+    encode_safetensors,
     pack_call,
     pack_output,
-    tensor_to_json,
     unpack_call,
     unpack_output,
 )
@@ -132,12 +134,12 @@ def test_integer_datatypes_accept_integral_floats():
     ],
 )
 def test_json_tensor_errors_name_the_problem(obj, message):
-    with pytest.raises(TensorCodecError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(WireError, match=message.replace("[", r"\[").replace("]", r"\]")):
         json_to_tensor(obj)
 
 
-def test_codec_error_is_a_value_error():
-    assert issubclass(TensorCodecError, ValueError)
+def test_wire_error_is_a_value_error():
+    assert issubclass(WireError, ValueError)
 
 
 def test_is_json_tensor():
@@ -150,7 +152,7 @@ def test_is_json_tensor():
 
 
 def test_unsupported_dtypes_are_refused():
-    with pytest.raises(TensorCodecError, match="complex64"):
+    with pytest.raises(WireError, match="complex64"):
         tensor_to_json(torch.zeros(2, dtype=torch.complex64))
 
 
@@ -214,7 +216,7 @@ def test_other_objects_become_type_and_repr():
 def test_cycles_are_an_error_not_a_crash():
     loop: list = []
     loop.append(loop)
-    with pytest.raises(TensorCodecError, match="deeper"):
+    with pytest.raises(WireError, match="deeper"):
         encode_json_value(loop)
 
 
@@ -225,7 +227,7 @@ def test_decode_finds_tensors_at_any_depth_and_names_the_place():
     assert same(decoded["kwargs"]["x"][1]["deeper"][0], torch.tensor([0.5]))
     assert decoded["kwargs"]["n"] == 3
     bad = {"datatype": "FP32", "shape": [2, 2], "data": [1, 2, 3]}
-    with pytest.raises(TensorCodecError, match=r"kwargs\.x\[1\]: data has 3 values but shape \[2, 2\] needs 4"):
+    with pytest.raises(WireError, match=r"kwargs\.x\[1\]: data has 3 values but shape \[2, 2\] needs 4"):
         decode_json_value({"x": [one, bad]}, "kwargs")
 
 
@@ -260,25 +262,25 @@ def test_safetensors_takes_views_shared_tensors_and_scalars():
     ],
 )
 def test_malformed_safetensors_raise_codec_errors(body):
-    with pytest.raises(TensorCodecError):
+    with pytest.raises(WireError):
         decode_safetensors(body)
 
 
 def test_truncated_and_corrupt_safetensors_raise_codec_errors():
     body = st_save({"x": torch.arange(100.0), "y": torch.ones(3, 3)})
     for cut in (len(body) - 1, len(body) // 2, 9, 20):
-        with pytest.raises(TensorCodecError):
+        with pytest.raises(WireError):
             decode_safetensors(body[:cut])
     header_length = struct.unpack("<Q", body[:8])[0]
     header = json.loads(body[8 : 8 + header_length])
     header["x"]["data_offsets"] = [0, 10**9]
     forged = json.dumps(header).encode()
-    with pytest.raises(TensorCodecError):
+    with pytest.raises(WireError):
         decode_safetensors(struct.pack("<Q", len(forged)) + forged + body[8 + header_length :])
 
 
 def test_safetensors_dtypes_without_a_datatype_are_refused():
-    with pytest.raises(TensorCodecError, match="no wire datatype"):
+    with pytest.raises(WireError, match="no wire datatype"):
         decode_safetensors(st_save({"u": torch.zeros(2, dtype=torch.uint16)}))
 
 
@@ -319,7 +321,7 @@ def test_pack_call_turns_numbers_and_arrays_into_tensors():
     ],
 )
 def test_pack_call_errors(kwargs, message):
-    with pytest.raises(TensorCodecError, match=message):
+    with pytest.raises(WireError, match=message):
         pack_call(kwargs)
 
 
@@ -336,7 +338,7 @@ def test_pack_call_errors(kwargs, message):
     ],
 )
 def test_unpack_call_errors(names, message):
-    with pytest.raises(TensorCodecError, match=message):
+    with pytest.raises(WireError, match=message):
         unpack_call({name: torch.zeros(1) for name in names})
 
 
@@ -372,7 +374,7 @@ def test_single_tensor_output_round_trip():
 
 @pytest.mark.parametrize("output", [None, [None, None], "text", [], {}, [torch.ones(1), object()]])
 def test_pack_output_refuses_what_safetensors_cannot_carry(output):
-    with pytest.raises(TensorCodecError):
+    with pytest.raises(WireError):
         pack_output(output)
 
 
@@ -388,5 +390,5 @@ def test_pack_output_refuses_what_safetensors_cannot_carry(output):
     ],
 )
 def test_unpack_output_errors(names, message):
-    with pytest.raises(TensorCodecError, match=message):
+    with pytest.raises(WireError, match=message):
         unpack_output({name: torch.zeros(1) for name in names})
