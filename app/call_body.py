@@ -17,12 +17,12 @@ from app.errors import ApiError
 from app.schemas import CallRequest
 from wire.errors import WireError
 from wire.json_tensors import check_json_output, decode_json_value, encode_json_value
-from wire.limits import WireLimits
+from wire.limits import DEFAULT_LIMITS, WireLimits
 from wire.safetensors_call import decode_safetensors, encode_safetensors, pack_output, unpack_call
 from wire.strict_json import dumps_compact, loads_strict
 
 
-def parse_call_body(kind: str, body: bytes, limits: WireLimits) -> tuple[list, dict]:
+def parse_call_body(kind: str, body: bytes, limits: WireLimits = DEFAULT_LIMITS) -> tuple[list, dict]:
     """``(args, kwargs)`` of a call whose body is ``kind`` (JSON or safetensors, checked
     by the route), tensors decoded to torch."""
     if kind == SAFETENSORS:
@@ -59,7 +59,9 @@ def output_as_safetensors(output: Any) -> bytes:
         raise ApiError(406, f"output cannot be sent as safetensors ({exc}); ask for {JSON}") from None
 
 
-def call_answer_body(output: Any, envelope: dict[str, Any], accept: str | None, limits: WireLimits) -> tuple[bytes, str]:
+def call_answer_body(
+    output: Any, envelope: dict[str, Any], accept: str | None, limits: WireLimits = DEFAULT_LIMITS
+) -> tuple[bytes, str]:
     """The body and media type answering a call: safetensors when asked for, else JSON
     (refused past ``limits.max_json_output_values`` values, pointing to safetensors)."""
     if wants_safetensors(accept):

@@ -11,7 +11,7 @@ import torch
 
 from app.errors import ApiError
 from wire.errors import WireError
-from wire.limits import WireLimits
+from wire.limits import DEFAULT_LIMITS, WireLimits
 from wire.oip_messages import build_infer_response, parse_infer_request, requested_outputs
 
 SERVER_NAME = "hybridflow-single-controller"
@@ -20,7 +20,7 @@ EXTENSIONS = ["binary_tensor_data"]
 
 
 def parse_request(
-    body: bytes, header_length: str | None, limits: WireLimits
+    body: bytes, header_length: str | None, limits: WireLimits = DEFAULT_LIMITS
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     try:
         return parse_infer_request(body, header_length, limits)
