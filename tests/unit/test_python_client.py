@@ -1,9 +1,9 @@
-"""clients.python_client and clients.cli against a tiny FastAPI fake of the service's HTTP
-contract (no Ray): the fake only answers the way the contract says, so these tests check
-the clients' encoding, decoding and error handling.
+"""clients.python_client and clients.cli against the service's real FastAPI app
+(``app.http_app.create_app``) over a stub backend in place of the controllers (no Ray):
+the HTTP contract is the service's own, only what the groups answer is made up here.
 
-The blocking client and the CLI talk to the fake through uvicorn on 127.0.0.1; the async
-client through httpx.ASGITransport.
+The blocking client and the CLI talk to it through uvicorn on 127.0.0.1; the async client
+through httpx.ASGITransport. A thin ASGI wrapper records what each request carried.
 """
 
 from __future__ import annotations
@@ -19,198 +19,170 @@ import httpx
 import pytest
 import torch
 import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
 
+from app.http_app import create_app
+from app.settings import IngressSettings, ModelRoute
 from clients import cli
 from clients.python_client import AsyncSingleControllerClient, ServiceError, SingleControllerClient
-from wire.errors import WireError
-from wire.json_tensors import decode_json_value, encode_json_value
-from wire.oip_messages import build_infer_response, parse_infer_request
-from wire.safetensors_call import decode_safetensors, encode_safetensors, pack_output, unpack_call
+from deployments.contract import (
+    CallRequest,
+    CallResult,
+    ControllerError,
+    ErrorKind,
+    GroupSummary,
+    InferResult,
+    MethodSummary,
+)
+from wire.oip_messages import parse_infer_request
+from wire.safetensors_call import decode_safetensors
 
 SAFETENSORS = "application/x-safetensors"
 TOKEN = "s3cret"
-
-GROUPS = [
-    {"name": "accumulator", "world_size": 1, "resource_pool": "replica", "worker_class": "Accumulator",
-     "status": "ready", "methods": [{"name": "add", "dispatch_mode": "EXECUTE_ALL", "execute_mode": "ALL",
-                                     "registered": False}]},
-    {"name": "gpu_accumulator", "world_size": 4, "resource_pool": "pool [4]", "worker_class": "GPUAccumulator",
-     "status": "ready", "methods": [{"name": "add", "dispatch_mode": "EXECUTE_ALL", "execute_mode": "ALL",
-                                     "registered": False}]},
-    {"name": "mlp", "world_size": 4, "resource_pool": "pool [4]", "worker_class": "MLPLayerWorker",
-     "status": "ready", "methods": [{"name": "get_weights", "dispatch_mode": "ONE_TO_ALL", "execute_mode": "ALL",
-                                     "registered": True}]},
-]
+WORLD_SIZES = {"accumulator": 1, "gpu_accumulator": 4, "mlp": 4, "test_actor": 4, "any": 4, "busy": 4, "broken": 4}
+METHODS = {"accumulator": [("add", "EXECUTE_ALL")], "gpu_accumulator": [("add", "EXECUTE_ALL")],
+           "mlp": [("get_weights", "ONE_TO_ALL")]}
 
 
-def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+def summary(name: str) -> GroupSummary:
+    return GroupSummary(
+        name=name, deployment="stub", world_size=WORLD_SIZES[name], resource_pool=f"pool [{WORLD_SIZES[name]}]",
+        worker_class=name.title(), status="ready", last_error=None, rebuilds=0, replayed_calls=0, journal_length=0,
+        methods=[MethodSummary(m, mode, "ALL", mode != "EXECUTE_ALL", False) for m, mode in METHODS[name]],
+    )
 
 
-def make_fake_service() -> tuple[FastAPI, dict[str, Any]]:
-    """The fake, and a dict where it records what the last request carried."""
-    app = FastAPI()
-    state: dict[str, Any] = {"ready": True, "token": None, "seen": {}, "jobs": {}}
+class StubBackend:
+    """What the controllers would answer, made up; ``state`` records the calls it got."""
 
-    def authorised(request: Request) -> bool:
-        return state["token"] is None or request.headers.get("authorization") == f"Bearer {state['token']}"
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
 
-    @app.get("/healthz")
-    async def healthz():
-        return {"status": "live"}
-
-    @app.get("/readyz")
-    async def readyz():
-        return {"status": "ready"} if state["ready"] else error(503, "not ready: mlp")
-
-    @app.get("/v1/groups")
-    async def groups(request: Request):
-        if not authorised(request):
-            return error(401, "missing or wrong bearer token")
-        return {"groups": GROUPS}
-
-    @app.get("/v1/groups/{group}")
-    async def group(group: str):
-        for item in GROUPS:
-            if item["name"] == group:
-                return {**item, "ranks": [{"rank": r, "local_rank": r} for r in range(item["world_size"])]}
-        return error(404, f"unknown group {group!r}")
-
-    def run(group: str, method: str, args: list, kwargs: dict) -> Any:
-        if group == "gpu_accumulator" and method == "add":
+    async def call(self, request: CallRequest) -> CallResult:
+        self.state["call"] = request
+        modes = {"dispatch_mode": "EXECUTE_ALL", "execute_mode": "ALL", "world_size": WORLD_SIZES[request.group]}
+        if request.group == "busy":
+            return CallResult(error=ControllerError(ErrorKind.UNAVAILABLE, "group 'busy' is rebuilding; retry shortly",
+                                                    5.0), **modes)
+        if request.group == "broken":
+            raise RuntimeError("the controller broke")
+        args, kwargs, method = request.args, request.kwargs, request.method
+        if request.group == "gpu_accumulator" and method == "add":
             (x,) = kwargs.values() if kwargs else args
             if len(x) != 4:
-                raise ValueError(f"add: x has {len(x)} items, the group has 4 ranks")
-            return [torch.tensor([float(rank)]) + x[rank] for rank in range(4)]
-        if group == "accumulator" and method == "add":
-            return None
-        if group == "test_actor" and method == "foo_rank_zero":
-            return 2 + kwargs["x"] + kwargs["y"]
-        if group == "mlp" and method == "get_weights":
-            return [{"gate_up_proj.weight": torch.full((2, 2), float(r)), "down_proj.weight": torch.ones(2, 1)}
-                    for r in range(4)]
+                return CallResult(error=ControllerError(ErrorKind.BAD_ARGUMENTS, f"add: x has {len(x)} items, "
+                                                        "the group has 4 ranks"), **modes)
+            return CallResult([torch.tensor([float(rank)]) + x[rank] for rank in range(4)], **modes)
+        if request.group == "accumulator" and method == "add":
+            return CallResult(None, **modes)
+        if request.group == "test_actor" and method == "foo_rank_zero":
+            return CallResult(2 + kwargs["x"] + kwargs["y"], **modes)
+        if request.group == "mlp" and method == "get_weights":
+            return CallResult([{"gate_up_proj.weight": torch.full((2, 2), float(r)), "down_proj.weight": torch.ones(2, 1)}
+                               for r in range(4)], **modes)
         if method == "echo":
-            return {"args": args, "kwargs": kwargs}
+            return CallResult({"args": args, "kwargs": kwargs}, **modes)
         if method == "slow":
-            time.sleep(0.3)
-            return "done"
-        raise LookupError(f"group {group!r} has no method {method!r}")
+            await asyncio.sleep(0.3)
+            return CallResult("done", **modes)
+        return CallResult(error=ControllerError(ErrorKind.UNKNOWN_METHOD, f"group {request.group!r} has no method "
+                                                f"{method!r}"))
 
-    @app.post("/v1/groups/{group}/{method}")
-    async def call(group: str, method: str, request: Request):
-        if not authorised(request):
-            return error(401, "missing or wrong bearer token")
-        body = await request.body()
-        content_type = request.headers.get("content-type", "")
-        state["seen"] = {"headers": dict(request.headers), "content_type": content_type}
-        if group == "busy":
-            return error(503, "group 'busy' is rebuilding; retry shortly", {"Retry-After": "5"})
-        if group == "broken":
-            return Response(b"Internal Server Error", status_code=500, media_type="text/plain")
-        try:
-            if content_type.startswith(SAFETENSORS):
-                named = decode_safetensors(body)
-                state["seen"]["names"] = sorted(named)
-                args, kwargs = [], unpack_call(named)
-            else:
-                payload = json.loads(body)
-                state["seen"]["json"] = payload
-                args = decode_json_value(payload.get("args", []), "args")
-                kwargs = decode_json_value(payload.get("kwargs", {}), "kwargs")
-        except (WireError, ValueError) as exc:
-            return error(400, str(exc))
-        state["seen"]["args"], state["seen"]["kwargs"] = args, kwargs
-        try:
-            output = run(group, method, args, kwargs)
-        except LookupError as exc:
-            return error(404, str(exc))
-        except ValueError as exc:
-            return error(422, str(exc))
-        if SAFETENSORS in request.headers.get("accept", ""):
-            try:
-                return Response(encode_safetensors(pack_output(output)), media_type=SAFETENSORS)
-            except WireError as exc:
-                return error(406, str(exc))
-        return {"group": group, "method": method, "dispatch_mode": "EXECUTE_ALL", "execute_mode": "ALL",
-                "world_size": 4, "output": encode_json_value(output)}
+    async def describe(self) -> list[GroupSummary]:
+        return [summary(name) for name in METHODS]
 
-    @app.get("/v2")
-    async def server_metadata():
-        return {"name": "fake", "version": "0", "extensions": ["binary_tensor_data"]}
+    async def describe_group(self, group: str) -> GroupSummary | None:
+        found = summary(group)
+        found.ranks = [{"rank": r, "local_rank": r} for r in range(WORLD_SIZES[group])]
+        return found
 
-    @app.get("/v2/models/{model}")
-    async def model_metadata(model: str):
-        if model != "double":
-            return error(404, f"unknown model {model!r}")
+    async def ready(self) -> dict[str, bool]:
+        return {"mlp": self.state["ready"], "gpu_accumulator": True}
+
+    async def model_metadata(self, model: str) -> dict[str, Any] | ControllerError:
         spec = {"datatype": "FP32", "shape": [-1, 3]}
-        return {"name": model, "versions": ["1"], "platform": "fake",
+        return {"name": model, "versions": ["1"], "platform": "stub",
                 "inputs": [{"name": "x", **spec}], "outputs": [{"name": "y", **spec}, {"name": "z", **spec}]}
 
-    @app.post("/v2/models/{model}/infer")
-    async def infer(model: str, request: Request):
-        if model != "double":
-            return error(404, f"unknown model {model!r}")
-        length = request.headers.get("inference-header-content-length")
-        try:
-            inference, inputs = parse_infer_request(await request.body(), int(length) if length else None)
-        except WireError as exc:
-            return error(400, str(exc))
-        state["seen"] = {"inference": inference, "header_length": length}
-        outputs = {"y": inputs["x"] * 2, "z": inputs["x"] + 1}
-        requested = inference.get("outputs")
-        if requested:
-            outputs = {o["name"]: outputs[o["name"]] for o in requested}
-            binary = {o["name"] for o in requested if (o.get("parameters") or {}).get("binary_data")}
+    async def model_ready(self, model: str) -> bool:
+        return True
+
+    async def infer(self, model: str, inputs: dict[str, Any]) -> InferResult:
+        x = inputs["x"]
+        return InferResult(outputs={"y": x * 2, "z": x + 1})
+
+    # Jobs run at once; the first status poll says running, half done.
+    async def submit_job(self, request: CallRequest, split: int) -> dict[str, Any] | ControllerError:
+        result = await self.call(request)
+        job = {"id": f"job-{len(self.state['jobs'])}", "group": request.group, "method": request.method,
+               "status": "running", "progress": 0.5, "split": split, "error": None, "error_kind": None,
+               "cancel_requested": False, "submitted_at": time.time(), "elapsed_s": 0.0}
+        self.state["jobs"][job["id"]] = (job, result)
+        return dict(job)
+
+    async def job(self, job_id: str, action: str = "status") -> dict[str, Any] | None:
+        job, result = self.state["jobs"][job_id]
+        shown = dict(job)
+        if action == "result":
+            return {"job": shown, "outcome": result}
+        if action == "cancel":
+            job["status"] = shown["status"] = "cancelled"
         else:
-            binary = bool((inference.get("parameters") or {}).get("binary_data_output"))
-        body, header_length = build_infer_response(model, "1", outputs, binary, id=inference.get("id"))
-        if header_length is None:
-            return Response(body, media_type="application/json")
-        return Response(body, media_type="application/octet-stream",
-                        headers={"Inference-Header-Content-Length": str(header_length)})
-
-    # Jobs: run at once; the first status poll says running, half done.
-    def job_status(job: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in job.items() if k != "output"}
-
-    @app.post("/v1/jobs/{group}/{method}")
-    async def submit_job(group: str, method: str, request: Request):
-        payload = json.loads(await request.body())
-        output = run(group, method, decode_json_value(payload["args"]), decode_json_value(payload["kwargs"]))
-        job = {"id": f"job-{len(state['jobs'])}", "group": group, "method": method, "status": "running",
-               "progress": 0.5, "split": int(request.query_params["split"]), "output": output}
-        state["jobs"][job["id"]] = job
-        return JSONResponse(job_status(job), status_code=202, headers={"Location": f"/v1/jobs/{job['id']}"})
-
-    @app.get("/v1/jobs/{job_id}")
-    async def job(job_id: str):
-        job = state["jobs"][job_id]
-        shown = job_status(job)
-        job.update(status="succeeded", progress=1.0)
+            job.update(status="succeeded", progress=1.0)
         return shown
 
-    @app.get("/v1/jobs/{job_id}/result")
-    async def job_result(job_id: str, request: Request):
-        job = state["jobs"][job_id]
-        if SAFETENSORS in request.headers.get("accept", ""):
-            return Response(encode_safetensors(pack_output(job["output"])), media_type=SAFETENSORS)
-        return {"group": job["group"], "method": job["method"], "dispatch_mode": "EXECUTE_ALL",
-                "execute_mode": "ALL", "world_size": 4, "output": encode_json_value(job["output"])}
+    async def list_jobs(self) -> list[dict[str, Any]]:
+        return [job for job, _ in self.state["jobs"].values()]
 
-    @app.delete("/v1/jobs/{job_id}")
-    async def cancel_job(job_id: str):
-        state["jobs"][job_id]["status"] = "cancelled"
-        return job_status(state["jobs"][job_id])
 
-    return app, state
+def make_service() -> tuple[Any, dict[str, Any]]:
+    """The real app over the stub, wrapped to record each request's headers and body."""
+    state: dict[str, Any] = {"ready": True, "seen": {}, "jobs": {}, "token": None}
+    apps = {
+        token: create_app(StubBackend(state), IngressSettings(
+            auth_token=token,
+            groups={name: "stub" for name in WORLD_SIZES},
+            models={"double": ModelRoute(deployment="stub", group="any", outputs=["y", "z"])},
+        ))
+        for token in (None, TOKEN)
+    }
+
+    async def recording(scope, receive, send):
+        if scope["type"] != "http":
+            return await apps[None](scope, receive, send)
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        state["seen"] = {"headers": headers, "content_type": headers.get("content-type", ""), "body": body}
+        if headers.get("content-type", "").startswith(SAFETENSORS):
+            state["seen"]["names"] = sorted(decode_safetensors(body))
+        elif scope["path"].endswith("/infer"):
+            length = headers.get("inference-header-content-length")
+            state["seen"]["inference"] = parse_infer_request(body, length)[0]
+        elif body:
+            state["seen"]["json"] = json.loads(body)
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await apps[state["token"]](scope, replay, send)
+
+    return recording, state
 
 
 @pytest.fixture(scope="module")
 def fake():
-    """The fake served by uvicorn on a free 127.0.0.1 port: (url, state)."""
-    app, state = make_fake_service()
+    """The app served by uvicorn on a free 127.0.0.1 port: (url, state)."""
+    app, state = make_service()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -219,7 +191,7 @@ def fake():
     thread.start()
     deadline = time.monotonic() + 20
     while not server.started:
-        assert time.monotonic() < deadline, "fake service did not start"
+        assert time.monotonic() < deadline, "the app did not start"
         time.sleep(0.02)
     try:
         yield f"http://127.0.0.1:{port}", state
@@ -246,7 +218,7 @@ def values(output: list) -> list[float]:
 
 def test_health_and_readiness(client, fake):
     _, state = fake
-    assert client.health() == {"status": "live"} and client.healthy()
+    assert client.health()["status"] == "live" and client.healthy()
     assert client.ready() and client.wait_ready(timeout=1)
     state["ready"] = False
     assert not client.ready()
@@ -389,7 +361,7 @@ def test_infer_binary_and_json(client, fake):
 
 
 def test_async_client_over_asgi():
-    app, state = make_fake_service()
+    app, state = make_service()
 
     async def scenario() -> None:
         transport = httpx.ASGITransport(app=app)
@@ -409,7 +381,7 @@ def test_async_client_over_asgi():
             assert torch.equal(await c.infer("double", x), x * 2)
             assert set((await c.infer_tensors("double", {"x": x})).outputs) == {"y", "z"}
             assert (await c.model_metadata("double"))["name"] == "double"
-            assert (await c.server_metadata())["name"] == "fake"
+            assert (await c.server_metadata())["name"] == "hybridflow-single-controller"
             with pytest.raises(ServiceError) as caught:
                 await c.call("busy", "add")
             assert caught.value.retry_after == 5.0
@@ -440,7 +412,7 @@ def test_jobs_with_the_blocking_client(client):
 
 
 def test_jobs_with_the_async_client():
-    app, _ = make_fake_service()
+    app, _ = make_service()
 
     async def scenario() -> None:
         async with AsyncSingleControllerClient("http://fake", transport=httpx.ASGITransport(app=app)) as c:
