@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import tempfile
 import time
@@ -39,7 +38,8 @@ SEED = 0
 VARIANTS = ("master", "shard", "checkpoint")
 
 
-def _status_bytes(field: str) -> int:
+def status_bytes(field: str) -> int:
+    """A memory field of /proc/self/status (VmRSS, VmHWM: this process's peak, RssAnon) in bytes."""
     with open("/proc/self/status") as status:
         for line in status:
             if line.startswith(field + ":"):
@@ -86,7 +86,7 @@ def _rank(rank: int, tp: int, port: int, variant: str, hidden: int, ffn: int, ch
 
     MegatronWorker().init_megatron({"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": 1})
     dist.barrier()
-    rss_before = _status_bytes("VmRSS")
+    rss_before = status_bytes("VmRSS")
     wall, cpu = time.perf_counter(), time.process_time()
     if variant == "master":
         layer = _build_master(hidden, ffn)
@@ -95,14 +95,15 @@ def _rank(rank: int, tp: int, port: int, variant: str, hidden: int, ffn: int, ch
     else:
         layer = ParallelLlamaMLP({"checkpoint": checkpoint, "layer_index": 0}, max_parameters=None)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, from the parent process
+    peak = status_bytes("VmHWM")
     row = {
         "rank": rank,
         "wall_s": wall,
         "cpu_s": cpu,
         "peak_rss_bytes": peak,
         "peak_growth_bytes": peak - rss_before,
-        "anon_after_bytes": _status_bytes("RssAnon"),
+        "anon_after_bytes": status_bytes("RssAnon"),
         "shard_bytes": sum(p.numel() * p.element_size() for p in layer.parameters()),
     }
     Path(out, f"{variant}-{rank}.json").write_text(json.dumps(row))

@@ -50,8 +50,9 @@ DEFAULT_MAX_PARAMETERS = 1 << 28
 # each matrix in its own 2**30 range, so no two rows of a layer share a stream.
 _MATRIX_STRIDE = 1 << 30
 _MATRIX_STREAM = {GATE: 0, UP: 1, DOWN: 2}
-#: Columns of down drawn per block (a block is their transpose: 256 x hidden floats).
-_DOWN_BLOCK = 256
+#: Rows copied or drawn at a time: bounds a checkpoint's pages mapped at once, and the
+#: scratch block for down's columns (drawn as rows of its transpose).
+_BLOCK_ROWS = 256
 
 
 def _as_dict(config: Any) -> dict[str, Any]:
@@ -222,10 +223,15 @@ class ParallelLlamaMLP(torch.nn.Module):
 
     def _load_shard(self, checkpoint: LlamaMLPCheckpoint, rank: int) -> None:
         start, stop = self._shard_rows(rank)
-        gate_up = self.gate_up_proj.weight
-        gate_up[: stop - start].copy_(checkpoint.rows(GATE, start, stop))
-        gate_up[stop - start :].copy_(checkpoint.rows(UP, start, stop))
-        self.down_proj.weight.copy_(checkpoint.columns(DOWN, start, stop))
+        per_rank, gate_up, down = stop - start, self.gate_up_proj.weight, self.down_proj.weight
+        for begin in range(0, per_rank, _BLOCK_ROWS):
+            end = min(begin + _BLOCK_ROWS, per_rank)
+            rows = slice(start + begin, start + end)
+            gate_up[begin:end].copy_(checkpoint.read(GATE, rows))
+            gate_up[per_rank + begin : per_rank + end].copy_(checkpoint.read(UP, rows))
+        for begin in range(0, self.hidden_size, _BLOCK_ROWS):
+            end = min(begin + _BLOCK_ROWS, self.hidden_size)
+            down[begin:end].copy_(checkpoint.read(DOWN, slice(begin, end), slice(start, stop)))
 
     def _init_shard(self, seed: int, rank: int) -> None:
         start, stop = self._shard_rows(rank)
@@ -234,8 +240,8 @@ class ParallelLlamaMLP(torch.nn.Module):
         fill_master_rows(gate_up[stop - start :], seed, UP, start)
         # down's shard is columns: draw them as rows of down transposed, a block at a time
         down = self.down_proj.weight
-        for begin in range(0, stop - start, _DOWN_BLOCK):
-            block = torch.empty(min(_DOWN_BLOCK, stop - start - begin), self.hidden_size, dtype=down.dtype)
+        for begin in range(0, stop - start, _BLOCK_ROWS):
+            block = torch.empty(min(_BLOCK_ROWS, stop - start - begin), self.hidden_size, dtype=down.dtype)
             fill_master_rows(block, seed, DOWN, start + begin)
             down[:, begin : begin + len(block)].copy_(block.t())
 

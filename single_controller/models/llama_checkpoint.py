@@ -7,7 +7,8 @@ for their own rows or columns (``get_slice``): safetensors 0.8 answers with a vi
 memory-mapped file, and a rank copies just its slice from it into its parameter, so it
 never holds a full matrix and reads only the file pages its slice lies in. (Row slices of
 gate and up are contiguous; a column slice of down is a part of every row of down, so
-with page rounding a rank reads somewhat more of down than its tp-th.)
+with page rounding a rank reads somewhat more of down than its tp-th.) A view keeps the
+file mapped, so the layer copies a matrix a block of rows at a time.
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ class LlamaMLPCheckpoint:
     """Layer ``layer_index``'s ``gate_proj``, ``up_proj`` and ``down_proj`` in ``path``.
 
     The constructor checks names, shapes and dtypes from the headers alone; then
-    ``hidden_size`` and ``intermediate_size`` are the layer's sizes, and ``rows`` /
-    ``columns`` read one rank's share of a matrix.
+    ``hidden_size`` and ``intermediate_size`` are the layer's sizes, and ``read`` gives
+    a rank's part of a matrix.
     """
 
     def __init__(self, path: str | os.PathLike[str], layer_index: int) -> None:
@@ -129,17 +130,13 @@ class LlamaMLPCheckpoint:
             raise ValueError(f"{name} is {dtype}; the layer loads {', '.join(sorted(_FLOAT_DTYPES))}")
         return shape
 
-    def _read(self, proj: str, index: tuple[slice, ...]) -> torch.Tensor:
+    def read(self, proj: str, rows: slice, columns: slice = slice(None)) -> torch.Tensor:
+        """``proj[rows, columns]`` (GATE and UP are ``[intermediate, hidden]``, DOWN ``[hidden,
+        intermediate]``) in the file's dtype.
+
+        With safetensors' mmap backend this is a view of the mapped file that outlives the
+        ``with``: copy from it (``param.copy_`` also casts) and drop it; only the pages copied
+        are read. Each call maps the file anew, so reading a matrix in blocks of rows holds
+        one block's pages at a time."""
         with safe_open(str(self._files[proj]), framework="pt") as handle:
-            return handle.get_slice(tensor_name(self.layer_index, proj))[index]
-
-    def rows(self, proj: str, start: int, stop: int) -> torch.Tensor:
-        """Rows ``[start, stop)`` of GATE or UP (``[stop-start, hidden]``), in the file's dtype.
-
-        With safetensors' mmap backend this is a view of the mapped file: copy from it
-        (``param.copy_(...)`` also casts), and only the pages copied are read."""
-        return self._read(proj, (slice(start, stop),))
-
-    def columns(self, proj: str, start: int, stop: int) -> torch.Tensor:
-        """Columns ``[start, stop)`` of DOWN (``[hidden, stop-start]``), like ``rows``."""
-        return self._read(proj, (slice(None), slice(start, stop)))
+            return handle.get_slice(tensor_name(self.layer_index, proj))[rows, columns]

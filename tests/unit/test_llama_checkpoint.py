@@ -67,9 +67,10 @@ def test_sizes_and_slices_from_each_layout(tmp_path, file, layout):
     expected = _mlp(2)
     checkpoint = LlamaMLPCheckpoint(path, 2)
     assert (checkpoint.hidden_size, checkpoint.intermediate_size) == (HIDDEN, FFN)
-    assert torch.equal(checkpoint.rows(GATE, 6, 12), expected["model.layers.2.mlp.gate_proj.weight"][6:12])
-    assert torch.equal(checkpoint.rows(UP, 0, 6), expected["model.layers.2.mlp.up_proj.weight"][:6])
-    assert torch.equal(checkpoint.columns(DOWN, 18, 24), expected["model.layers.2.mlp.down_proj.weight"][:, 18:])
+    assert torch.equal(checkpoint.read(GATE, slice(6, 12)), expected["model.layers.2.mlp.gate_proj.weight"][6:12])
+    assert torch.equal(checkpoint.read(UP, slice(0, 6)), expected["model.layers.2.mlp.up_proj.weight"][:6])
+    down = checkpoint.read(DOWN, slice(4, 8), slice(18, 24))
+    assert torch.equal(down, expected["model.layers.2.mlp.down_proj.weight"][4:8, 18:])
 
 
 def test_sizes_come_from_the_checkpoint_when_the_config_omits_them(file):
@@ -84,7 +85,7 @@ def test_bfloat16_checkpoint_gives_its_values(tmp_path):
     path = tmp_path / "bf16.safetensors"
     tensors = _mlp(0, dtype=torch.bfloat16)
     save_file(tensors, str(path))
-    rows = LlamaMLPCheckpoint(path, 0).rows(GATE, 0, 4)
+    rows = LlamaMLPCheckpoint(path, 0).read(GATE, slice(0, 4))
     assert rows.dtype == torch.bfloat16
     assert torch.equal(rows, tensors["model.layers.0.mlp.gate_proj.weight"][:4])
 

@@ -6,7 +6,6 @@ own LlamaMLP, with the bytes each rank read."""
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import traceback
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
 
 from single_controller.rendezvous import free_port
 
@@ -24,6 +24,8 @@ TOLERANCE = 1e-5
 CHECKPOINTS = {"file": ("single/model.safetensors", 1), "index": ("sharded", 2), "no_index": ("no_index", 0)}
 #: A layer big enough that drawing its full master weight shows in a rank's peak memory.
 BIG_HIDDEN, BIG_FFN = 1024, 8192
+#: A layer whose shards span several of the blocks of rows the layer fills at a time (256).
+MID_HIDDEN, MID_FFN = 320, 1280
 
 ACTS = {
     "silu": torch.nn.functional.silu,
@@ -129,16 +131,14 @@ def _load(megatron_tp: int, path: str, layer_index: int) -> tuple[torch.nn.Modul
     return layer, reads, full_reads
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def _build_peak_growth(megatron_tp: int) -> tuple[int, int]:
-    """(peak RSS growth while building the big layer over the RSS before, the shard's bytes)."""
-    before = _rss_bytes()
+    """(peak RSS growth while building the big layer over the RSS before, the shard's bytes).
+    VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, from the pytest process."""
+    from bench.layer_init import status_bytes
+
+    before = status_bytes("VmRSS")
     layer = _build(megatron_tp, SEED, hidden_size=BIG_HIDDEN, intermediate_size=BIG_FFN)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = status_bytes("VmHWM")
     shard = sum(p.numel() * p.element_size() for p in layer.parameters())
     return peak - before, shard
 
@@ -199,6 +199,8 @@ def _rank_main(rank: int, world: int, tp: int, port: int, out_dir: str, checkpoi
         with torch.no_grad():
             record["y_again"] = layers["silu"](x)
             record["y_rebuilt"] = rebuilt(x)
+        record["mid_seeded"] = _weights(_build(tp, SEED, hidden_size=MID_HIDDEN, intermediate_size=MID_FFN))
+        record["mid_loaded"] = _weights(_load(tp, str(Path(checkpoint_root) / "mid.safetensors"), 0)[0])
         record["checkpoints"] = {}
         for variant, (path, layer_index) in CHECKPOINTS.items():
             loaded, reads, full_reads = _load(tp, str(Path(checkpoint_root) / path), layer_index)
@@ -251,6 +253,15 @@ def _write_checkpoints(root: Path):
     (root / "no_index").mkdir()
     for shard in (root / "sharded").glob("*.safetensors"):
         shutil.copy(shard, root / "no_index")
+    g = torch.Generator().manual_seed(SEED)
+    save_file(
+        {
+            "model.layers.0.mlp.gate_proj.weight": torch.randn(MID_FFN, MID_HIDDEN, generator=g),
+            "model.layers.0.mlp.up_proj.weight": torch.randn(MID_FFN, MID_HIDDEN, generator=g),
+            "model.layers.0.mlp.down_proj.weight": torch.randn(MID_HIDDEN, MID_FFN, generator=g),
+        },
+        str(root / "mid.safetensors"),
+    )
     return model
 
 
@@ -426,3 +437,27 @@ def test_each_rank_reads_only_its_slices(ranks, variant):
         assert max(taken for taken, _, _ in reads) == HIDDEN * FFN * 4 // tp
         for taken, held, mapped in reads:
             assert held == taken or (mapped or "").endswith(".safetensors"), (taken, held, mapped)
+
+
+def _cut(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, tp: int, rank: int) -> dict[str, torch.Tensor]:
+    """Rank ``rank``'s shard of the full matrices, as the layer lays it out."""
+    return {
+        "gate_up_proj.weight": torch.cat([gate.chunk(tp)[rank], up.chunk(tp)[rank]]),
+        "down_proj.weight": down.chunk(tp, dim=1)[rank],
+    }
+
+
+def test_shards_spanning_several_blocks(ranks, tmp_path_factory):
+    """Layers whose shards take several 256-row blocks: seeded, every layout cuts the tp=1
+    master; loaded, every rank holds exactly its slices of the checkpoint."""
+    tp, records = ranks
+    master = _records(1, 1, tmp_path_factory)[0]["mid_seeded"]
+    gate, up = master["gate_up_proj.weight"].chunk(2)
+    root, _ = _checkpoint(tmp_path_factory)
+    saved = load_file(str(root / "mid.safetensors"))
+    saved_mlp = [saved[f"model.layers.0.mlp.{p}_proj.weight"] for p in ("gate", "up", "down")]
+    for rank, rec in enumerate(records):
+        expected = _cut(gate, up, master["down_proj.weight"], tp, rank)
+        assert all(torch.equal(rec["mid_seeded"][k], expected[k]) for k in expected)
+        expected = _cut(*saved_mlp, tp, rank)
+        assert all(torch.equal(rec["mid_loaded"][k], expected[k]) for k in expected)
