@@ -161,7 +161,7 @@ def fill_master_rows(out: torch.Tensor, seed: int, matrix: str, first_row: int) 
         row.normal_(0.0, INIT_STD, generator=generator.manual_seed((base + i) & 0xFFFFFFFF))
 
 
-def _allocated_by_megatron(weight: torch.Tensor) -> None:
+def _megatron_must_not_init(weight: torch.Tensor) -> None:
     raise AssertionError("megatron was asked not to initialise; ParallelLlamaMLP fills each shard itself")
 
 
@@ -200,11 +200,11 @@ class ParallelLlamaMLP(torch.nn.Module):
         self.spec, self.hidden_size, self.intermediate_size, self.tp = spec, hidden, ffn, tp
         self.act_fn = ACTIVATIONS[spec.hidden_act]
         self.gate_up_proj = ColumnParallelLinear(
-            hidden, 2 * ffn, config=parallel_config, init_method=_allocated_by_megatron, bias=False,
+            hidden, 2 * ffn, config=parallel_config, init_method=_megatron_must_not_init, bias=False,
             gather_output=False, stride=2, skip_bias_add=True,
         )
         self.down_proj = RowParallelLinear(
-            ffn, hidden, config=parallel_config, init_method=_allocated_by_megatron, bias=False,
+            ffn, hidden, config=parallel_config, init_method=_megatron_must_not_init, bias=False,
             input_is_parallel=True, skip_bias_add=True,
         )
         # What megatron's own init would have marked (its checkpointing reads these).
