@@ -11,20 +11,32 @@ import torch
 from single_controller.base.decorator import Dispatch, register
 from single_controller.device import get_torch_device
 from single_controller.megatron.worker import MegatronWorker
+from single_controller.models.llama import DEFAULT_MAX_PARAMETERS
 
 
 @ray.remote
 class MLPLayerWorker(MegatronWorker):
+    def __init__(self, max_parameters: int = DEFAULT_MAX_PARAMETERS) -> None:
+        """``max_parameters``: the largest layer ``init_model`` builds (``3 * hidden *
+        intermediate``, all ranks together); a bigger one is refused before allocating."""
+        super().__init__()
+        if isinstance(max_parameters, bool) or not isinstance(max_parameters, int) or max_parameters < 1:
+            raise ValueError(f"max_parameters must be a positive integer, got {max_parameters!r}")
+        self._max_parameters = max_parameters
+
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, config: Any) -> None:
+        """Build the layer from ``config`` (a dict): ``hidden_size``, ``intermediate_size``,
+        ``hidden_act``, ``seed`` for a seeded random layer; or ``checkpoint`` (a safetensors
+        file or directory, Hugging Face Llama layout) and ``layer_index`` to load that layer,
+        each rank reading only its slices. A bad config raises ValueError and keeps the
+        current layer."""
         from omegaconf import OmegaConf
 
         from single_controller.models.llama import ParallelLlamaMLP
 
-        seed = int(dict(config).get("seed", 0)) if hasattr(config, "keys") else 0
-        torch.manual_seed(seed)  # identical master weights on every rank, and after a rebuild
         megatron_config = OmegaConf.create({"sequence_parallel_enabled": False})
-        layer = ParallelLlamaMLP(config=config, megatron_config=megatron_config)
+        layer = ParallelLlamaMLP(config=config, megatron_config=megatron_config, max_parameters=self._max_parameters)
         self.parallel_layer = layer.to(get_torch_device())
 
     @register(Dispatch.ONE_TO_ALL)

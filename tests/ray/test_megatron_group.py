@@ -1,11 +1,15 @@
 """MegatronRayWorkerGroup with the tp Llama MLP on megatron-core (CPU, gloo): layout,
-shard shapes, and outputs equal to an unsharded reference built from the shards."""
+shard shapes, outputs equal to an unsharded reference built from the shards, and the layer
+loaded from a safetensors checkpoint with a config that travels as JSON."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 from omegaconf import OmegaConf
+from safetensors.torch import save_file
 
 from single_controller.megatron.parallel_info import MegatronGlobalInfo, MegatronRankInfo
 from single_controller.models.mlp_worker import MLPLayerWorker
@@ -14,11 +18,11 @@ from single_controller.ray import MegatronRayWorkerGroup, RayClassWithInitArgs, 
 HIDDEN, FFN = 64, 128
 
 
-def make_group(world: int, tp: int, prefix: str):
+def make_group(world: int, tp: int, prefix: str, **worker_kwargs):
     pool = RayResourcePool([world], use_gpu=False, name_prefix=prefix)
     group = MegatronRayWorkerGroup(
         resource_pool=pool,
-        ray_cls_with_init=RayClassWithInitArgs(cls=MLPLayerWorker),
+        ray_cls_with_init=RayClassWithInitArgs(cls=MLPLayerWorker, **worker_kwargs),
         default_megatron_kwargs={
             "tensor_model_parallel_size": tp,
             "pipeline_model_parallel_size": 1,
@@ -73,10 +77,66 @@ def test_tp4_matches_reference(tp4):
     (y,) = tp4.run_layer([x])
     assert y.shape == (8, 2, HIDDEN)
     assert rel_err(y, reference(shards, x)) <= 1e-5
-    # re-initialising with the same seed rebuilds the same weights
+    # bitwise the same when run again
+    assert torch.equal(tp4.run_layer([x])[0], y)
+    # re-initialising with the same seed rebuilds the same weights, and the same output
     tp4.init_model(config(4))
     again = tp4.get_weights()
     assert all(torch.equal(a[k], b[k]) for a, b in zip(shards, again, strict=True) for k in a)
+    assert torch.equal(tp4.run_layer([x])[0], y)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A two-layer Hugging Face Llama layout (MLP tensors only), and its tensors."""
+    g = torch.Generator().manual_seed(3)
+    tensors = {}
+    for layer in range(2):
+        tensors[f"model.layers.{layer}.mlp.gate_proj.weight"] = torch.randn(FFN, HIDDEN, generator=g) / 8
+        tensors[f"model.layers.{layer}.mlp.up_proj.weight"] = torch.randn(FFN, HIDDEN, generator=g) / 8
+        tensors[f"model.layers.{layer}.mlp.down_proj.weight"] = torch.randn(HIDDEN, FFN, generator=g) / 8
+    path = tmp_path_factory.mktemp("llama") / "model.safetensors"
+    save_file(tensors, str(path))
+    return path, tensors
+
+
+def test_tp4_loads_a_checkpoint_layer_from_a_json_config(tp4, checkpoint):
+    path, tensors = checkpoint
+    # the body of POST /v1/groups/mlp/init_model, and a serve config's init_calls kwargs
+    body = json.loads(json.dumps({"kwargs": {"config": {"checkpoint": str(path), "layer_index": 1}}}))
+    assert tp4.init_model(**body["kwargs"]) == [None] * 4
+    shards = tp4.get_weights()
+    gate, up = tensors["model.layers.1.mlp.gate_proj.weight"], tensors["model.layers.1.mlp.up_proj.weight"]
+    down = tensors["model.layers.1.mlp.down_proj.weight"]
+    for rank, shard in enumerate(shards):
+        rows = slice(rank * FFN // 4, (rank + 1) * FFN // 4)
+        assert torch.equal(shard["gate_up_proj.weight"], torch.cat([gate[rows], up[rows]]))
+        assert torch.equal(shard["down_proj.weight"], down[:, rows])
+    x = torch.rand(5, 2, HIDDEN)
+    (y,) = tp4.run_layer([x])
+    h = x.double()
+    expected = (torch.nn.functional.silu(h @ gate.double().T) * (h @ up.double().T)) @ down.double().T
+    assert rel_err(y, expected) <= 1e-5
+
+
+def test_bad_init_model_keeps_the_layer(tp4, checkpoint):
+    path, _ = checkpoint
+    tp4.init_model(config(4))
+    before = tp4.get_weights()
+    bad = {
+        "layer_index 2 out of range": {"checkpoint": str(path), "layer_index": 2},
+        "does not exist": {"checkpoint": str(path) + ".missing", "layer_index": 0},
+        "config hidden_size 32 but the checkpoint's layer 0 has 64": {
+            "checkpoint": str(path), "layer_index": 0, "hidden_size": 32
+        },
+        # 3 * 2**40 parameters: refused by the worker's default bound, before allocating
+        "exceeds max_parameters": {"hidden_size": 1 << 20, "intermediate_size": 1 << 20},
+    }
+    for message, bad_config in bad.items():
+        with pytest.raises(ValueError, match=message):
+            tp4.init_model(bad_config)
+    after = tp4.get_weights()
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(before, after, strict=True) for k in a)
 
 
 def test_bad_inputs_raise_value_errors(tp4):
@@ -89,7 +149,8 @@ def test_bad_inputs_raise_value_errors(tp4):
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_smaller_tp_matches_reference(ray_cluster, tp):
-    pool, group = make_group(tp, tp, f"tp{tp}")
+    # workers bounded to exactly this layer's size (3 * 64 * 128 parameters)
+    pool, group = make_group(tp, tp, f"tp{tp}", max_parameters=3 * HIDDEN * FFN)
     try:
         assert (group.tp_size, group.dp_size) == (tp, 1)
         group.init_model(config(tp))
@@ -97,6 +158,10 @@ def test_smaller_tp_matches_reference(ray_cluster, tp):
         x = torch.rand(6, 3, HIDDEN)
         (y,) = group.run_layer([x])
         assert rel_err(y, reference(shards, x)) <= 1e-5
+        bigger = OmegaConf.merge(config(tp), {"intermediate_size": 2 * FFN})
+        with pytest.raises(ValueError, match=f"exceeds max_parameters {3 * HIDDEN * FFN}"):
+            group.init_model(bigger)
+        assert torch.equal(group.run_layer([x])[0], y)
     finally:
         group.shutdown()
         pool.remove()

@@ -1,21 +1,31 @@
 """ParallelLlamaMLP and MegatronWorker without Ray: tp processes on gloo (torch.multiprocessing),
-each rank's output against an unsharded float64 reference assembled from the gathered shards."""
+each rank's output against an unsharded float64 reference assembled from the gathered shards,
+and, loaded from a Hugging Face checkpoint written by transformers, against transformers'
+own LlamaMLP, with the bytes each rank read."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import traceback
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
 
 from single_controller.rendezvous import free_port
 
 HIDDEN, FFN, SEQ, BATCH = 64, 128, 8, 2
 SEED = 7
 TOLERANCE = 1e-5
+#: Checkpoint variants: where the rank loads from, and which layer.
+CHECKPOINTS = {"file": ("single/model.safetensors", 1), "index": ("sharded", 2), "no_index": ("no_index", 0)}
+#: A layer big enough that drawing its full master weight shows in a rank's peak memory.
+BIG_HIDDEN, BIG_FFN = 1024, 8192
+#: A layer whose shards span several of the blocks of rows the layer fills at a time (256).
+MID_HIDDEN, MID_FFN = 320, 1280
 
 ACTS = {
     "silu": torch.nn.functional.silu,
@@ -41,11 +51,96 @@ def _build(megatron_tp: int, seed: int, **changes):
 
     from single_controller.models.llama import ParallelLlamaMLP
 
-    torch.manual_seed(seed)
     return ParallelLlamaMLP(
-        config=_config(megatron_tp, **changes),
+        config=_config(megatron_tp, seed=seed, **changes),
         megatron_config=OmegaConf.create({"sequence_parallel_enabled": False}),
     )
+
+
+def _mapped_file(address: int) -> str | None:
+    """The file mapped at ``address`` in this process, if any (from /proc/self/maps)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            low, high = (int(a, 16) for a in fields[0].split("-"))
+            if low <= address < high:
+                return fields[5].strip() if len(fields) == 6 else None
+    return None
+
+
+class _CountingSlice:
+    """safetensors' slice object, recording what every tensor cut from it holds: the slice's
+    bytes, the bytes of its storage, and the file its storage maps (None: process memory)."""
+
+    def __init__(self, real, reads: list[tuple[int, int, str | None]]) -> None:
+        self._real, self._reads = real, reads
+
+    def __getitem__(self, index):
+        tensor = self._real[index]
+        storage = tensor.untyped_storage()
+        self._reads.append(
+            (tensor.numel() * tensor.element_size(), storage.nbytes(), _mapped_file(storage.data_ptr()))
+        )
+        return tensor
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+class _CountingHandle:
+    def __init__(self, real, reads: list, full_reads: list[str]) -> None:
+        self._real, self._reads, self._full_reads = real, reads, full_reads
+
+    def __enter__(self):
+        self._inner = self._real.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._real.__exit__(*exc)
+
+    def get_slice(self, name):
+        return _CountingSlice(self._inner.get_slice(name), self._reads)
+
+    def get_tensor(self, name):
+        self._full_reads.append(name)
+        return self._inner.get_tensor(name)
+
+    def keys(self):
+        return self._inner.keys()
+
+
+def _counting_safe_open(reads: list, full_reads: list[str]):
+    from safetensors import safe_open
+
+    return lambda *args, **kwargs: _CountingHandle(safe_open(*args, **kwargs), reads, full_reads)
+
+
+def _load(megatron_tp: int, path: str, layer_index: int) -> tuple[torch.nn.Module, list, list[str]]:
+    """The layer from a checkpoint, with the bytes of every slice this rank read."""
+    from single_controller.models import llama_checkpoint
+    from single_controller.models.llama import ParallelLlamaMLP
+
+    reads: list[tuple[int, int, str | None]] = []
+    full_reads: list[str] = []
+    real = llama_checkpoint.safe_open
+    llama_checkpoint.safe_open = _counting_safe_open(reads, full_reads)
+    try:
+        layer = ParallelLlamaMLP({"checkpoint": path, "layer_index": layer_index, "tp": megatron_tp})
+    finally:
+        llama_checkpoint.safe_open = real
+    return layer, reads, full_reads
+
+
+def _build_peak_growth(megatron_tp: int) -> tuple[int, int]:
+    """(peak RSS growth while building the big layer over the RSS before, the shard's bytes).
+    VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, from the pytest process."""
+    from bench.layer_init import status_bytes
+
+    before = status_bytes("VmRSS")
+    layer = _build(megatron_tp, SEED, hidden_size=BIG_HIDDEN, intermediate_size=BIG_FFN)
+    peak = status_bytes("VmHWM")
+    shard = sum(p.numel() * p.element_size() for p in layer.parameters())
+    return peak - before, shard
 
 
 def _weights(layer) -> dict[str, torch.Tensor]:
@@ -60,7 +155,7 @@ def _error_of(fn) -> str | None:
     return None
 
 
-def _rank_main(rank: int, world: int, tp: int, port: int, out_dir: str) -> None:
+def _rank_main(rank: int, world: int, tp: int, port: int, out_dir: str, checkpoint_root: str) -> None:
     """One rank: join the group through MegatronWorker, build, run, record to out_dir."""
     # Worker reads its place from the environment, as under a worker group.
     os.environ.update(
@@ -90,14 +185,30 @@ def _rank_main(rank: int, world: int, tp: int, port: int, out_dir: str) -> None:
             "rank_info": worker.get_megatron_rank_info(),
             "global_info": worker.get_megatron_global_info(),
         }
+        # first, while this process's peak is still its imports'
+        record["build_peak_growth"] = _build_peak_growth(tp)
         x = torch.rand(SEQ, BATCH, HIDDEN, generator=torch.Generator().manual_seed(1234))
-        for act in ACTS:
-            layer = _build(tp, SEED, hidden_act=act)
+        layers = {act: _build(tp, SEED, hidden_act=act) for act in ACTS}
+        for act, layer in layers.items():
             with torch.no_grad():
                 record[f"y_{act}"] = layer(x)
             record[f"weights_{act}"] = _weights(layer)
         record["x"] = x
-        record["rebuilt"] = _weights(_build(tp, SEED))
+        rebuilt = _build(tp, SEED)
+        record["rebuilt"] = _weights(rebuilt)
+        with torch.no_grad():
+            record["y_again"] = layers["silu"](x)
+            record["y_rebuilt"] = rebuilt(x)
+        record["mid_seeded"] = _weights(_build(tp, SEED, hidden_size=MID_HIDDEN, intermediate_size=MID_FFN))
+        record["mid_loaded"] = _weights(_load(tp, str(Path(checkpoint_root) / "mid.safetensors"), 0)[0])
+        record["checkpoints"] = {}
+        for variant, (path, layer_index) in CHECKPOINTS.items():
+            loaded, reads, full_reads = _load(tp, str(Path(checkpoint_root) / path), layer_index)
+            with torch.no_grad():
+                y = loaded(x)
+            record["checkpoints"][variant] = {
+                "y": y, "weights": _weights(loaded), "reads": reads, "full_reads": full_reads
+            }
         record["other_seed"] = _weights(_build(tp, SEED + 1))
         record["errors"] = {
             "bad_act": _error_of(lambda: _build(tp, SEED, hidden_act="swishy")),
@@ -116,11 +227,53 @@ def _rank_main(rank: int, world: int, tp: int, port: int, out_dir: str) -> None:
             dist.destroy_process_group()
 
 
-def _run_ranks(world: int, tp: int, out_dir: Path) -> list[dict]:
+def _run_ranks(world: int, tp: int, out_dir: Path, checkpoint_root: Path) -> list[dict]:
     mp.start_processes(
-        _rank_main, args=(world, tp, free_port(), str(out_dir)), nprocs=world, join=True, start_method="spawn"
+        _rank_main,
+        args=(world, tp, free_port(), str(out_dir), str(checkpoint_root)),
+        nprocs=world,
+        join=True,
+        start_method="spawn",
     )
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _write_checkpoints(root: Path):
+    """A tiny random Llama saved by transformers: one file, shards with an index, shards without."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(SEED)
+    config = LlamaConfig(
+        vocab_size=32, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, hidden_act="silu",
+    )
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(root / "single")
+    model.save_pretrained(root / "sharded", max_shard_size="100KB")
+    (root / "no_index").mkdir()
+    for shard in (root / "sharded").glob("*.safetensors"):
+        shutil.copy(shard, root / "no_index")
+    g = torch.Generator().manual_seed(SEED)
+    save_file(
+        {
+            "model.layers.0.mlp.gate_proj.weight": torch.randn(MID_FFN, MID_HIDDEN, generator=g),
+            "model.layers.0.mlp.up_proj.weight": torch.randn(MID_FFN, MID_HIDDEN, generator=g),
+            "model.layers.0.mlp.down_proj.weight": torch.randn(MID_HIDDEN, MID_FFN, generator=g),
+        },
+        str(root / "mid.safetensors"),
+    )
+    return model
+
+
+_CHECKPOINT: dict[str, tuple[Path, torch.nn.Module]] = {}
+
+
+def _checkpoint(tmp_path_factory) -> tuple[Path, torch.nn.Module]:
+    """(the checkpoints' folder, the transformers model they hold)."""
+    if not _CHECKPOINT:
+        root = tmp_path_factory.mktemp("llama-checkpoint")
+        _CHECKPOINT["tiny"] = (root, _write_checkpoints(root))
+    return _CHECKPOINT["tiny"]
 
 
 def _reference(shards: list[dict[str, torch.Tensor]], x: torch.Tensor, act) -> torch.Tensor:
@@ -143,7 +296,8 @@ _RUNS: dict[tuple[int, int], list[dict]] = {}
 
 def _records(world: int, tp: int, tmp_path_factory) -> list[dict]:
     if (world, tp) not in _RUNS:
-        _RUNS[(world, tp)] = _run_ranks(world, tp, tmp_path_factory.mktemp(f"world{world}-tp{tp}"))
+        root, _ = _checkpoint(tmp_path_factory)
+        _RUNS[(world, tp)] = _run_ranks(world, tp, tmp_path_factory.mktemp(f"world{world}-tp{tp}"), root)
     return _RUNS[(world, tp)]
 
 
@@ -221,3 +375,89 @@ def test_config_validation(ranks):
         assert f"intermediate_size {FFN + 1} is not divisible by tp {tp}" in errors["indivisible"]
     else:
         assert errors["indivisible"] is None
+
+
+def test_bitwise_deterministic_forward(ranks):
+    """The same input gives the same bits: called again, and on a layer rebuilt from the seed."""
+    _, records = ranks
+    for rec in records:
+        assert torch.equal(rec["y_again"], rec["y_silu"])
+        assert torch.equal(rec["y_rebuilt"], rec["y_silu"])
+
+
+def test_each_rank_draws_only_its_shard(ranks):
+    """Building a 1024 x 8192 layer (100 MB of float32) raises a rank's peak memory by about
+    its shard, not by the full master weight megatron's CPU init draws on every rank."""
+    tp, records = ranks
+    full = 3 * BIG_HIDDEN * BIG_FFN * 4
+    for rec in records:
+        growth, shard = rec["build_peak_growth"]
+        assert shard == full // tp
+        # the shard and some slack; drawing the master first would add `full` (tp=1: 2x)
+        assert growth < shard + full // 4, (growth, shard)
+
+
+def _transformers_mlp(model, layer_index: int):
+    return model.model.layers[layer_index].mlp
+
+
+@pytest.mark.parametrize("variant", list(CHECKPOINTS))
+def test_checkpoint_layer_equals_transformers_llama_mlp(ranks, variant, tmp_path_factory):
+    tp, records = ranks
+    _, model = _checkpoint(tmp_path_factory)
+    hf = _transformers_mlp(model, CHECKPOINTS[variant][1])
+    x = records[0]["x"]
+    with torch.no_grad():
+        expected = hf(x)
+    assert expected.dtype == torch.float32
+    for rank, rec in enumerate(records):
+        loaded = rec["checkpoints"][variant]
+        assert loaded["y"].dtype == torch.float32
+        assert float((loaded["y"] - expected).norm() / expected.norm()) <= TOLERANCE
+        # the rank holds exactly its rows of gate and up, and its columns of down
+        rows = slice(rank * FFN // tp, (rank + 1) * FFN // tp)
+        gate_up = torch.cat([hf.gate_proj.weight[rows], hf.up_proj.weight[rows]])
+        assert torch.equal(loaded["weights"]["gate_up_proj.weight"], gate_up)
+        assert torch.equal(loaded["weights"]["down_proj.weight"], hf.down_proj.weight[:, rows])
+
+
+@pytest.mark.parametrize("variant", list(CHECKPOINTS))
+def test_each_rank_reads_only_its_slices(ranks, variant):
+    """Every tensor safetensors handed a rank is one of its slices (the bytes add up to its
+    shard, a tp-th of the three matrices), and none was read whole into the process: each
+    is either a copy of just the slice or a view of the memory-mapped file (safetensors
+    0.8), from which the rank then copies only its slice."""
+    tp, records = ranks
+    shard_bytes = 3 * HIDDEN * FFN * 4 // tp
+    for rec in records:
+        reads = rec["checkpoints"][variant]["reads"]
+        assert rec["checkpoints"][variant]["full_reads"] == []
+        assert len(reads) == 3
+        assert sum(taken for taken, _, _ in reads) == shard_bytes
+        assert max(taken for taken, _, _ in reads) == HIDDEN * FFN * 4 // tp
+        for taken, held, mapped in reads:
+            assert held == taken or (mapped or "").endswith(".safetensors"), (taken, held, mapped)
+
+
+def _cut(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, tp: int, rank: int) -> dict[str, torch.Tensor]:
+    """Rank ``rank``'s shard of the full matrices, as the layer lays it out."""
+    return {
+        "gate_up_proj.weight": torch.cat([gate.chunk(tp)[rank], up.chunk(tp)[rank]]),
+        "down_proj.weight": down.chunk(tp, dim=1)[rank],
+    }
+
+
+def test_shards_spanning_several_blocks(ranks, tmp_path_factory):
+    """Layers whose shards take several 256-row blocks: seeded, every layout cuts the tp=1
+    master; loaded, every rank holds exactly its slices of the checkpoint."""
+    tp, records = ranks
+    master = _records(1, 1, tmp_path_factory)[0]["mid_seeded"]
+    gate, up = master["gate_up_proj.weight"].chunk(2)
+    root, _ = _checkpoint(tmp_path_factory)
+    saved = load_file(str(root / "mid.safetensors"))
+    saved_mlp = [saved[f"model.layers.0.mlp.{p}_proj.weight"] for p in ("gate", "up", "down")]
+    for rank, rec in enumerate(records):
+        expected = _cut(gate, up, master["down_proj.weight"], tp, rank)
+        assert all(torch.equal(rec["mid_seeded"][k], expected[k]) for k in expected)
+        expected = _cut(*saved_mlp, tp, rank)
+        assert all(torch.equal(rec["mid_loaded"][k], expected[k]) for k in expected)
