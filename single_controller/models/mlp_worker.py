@@ -3,6 +3,7 @@ under MEGATRON_COMPUTE (one input per dp rank in, one output per dp rank out).""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ray
@@ -16,13 +17,26 @@ from single_controller.models.llama import DEFAULT_MAX_PARAMETERS
 
 @ray.remote
 class MLPLayerWorker(MegatronWorker):
-    def __init__(self, max_parameters: int = DEFAULT_MAX_PARAMETERS) -> None:
+    def __init__(self, max_parameters: int = DEFAULT_MAX_PARAMETERS, checkpoint_dirs: list[str] | None = None) -> None:
         """``max_parameters``: the largest layer ``init_model`` builds (``3 * hidden *
-        intermediate``, all ranks together); a bigger one is refused before allocating."""
+        intermediate``, all ranks together); a bigger one is refused before allocating.
+        ``checkpoint_dirs``: the directories ``init_model`` may read a checkpoint from
+        (None: any, for a program that trusts its callers; a service whose callers may
+        name paths lists the ones it serves, or none)."""
         super().__init__()
         if isinstance(max_parameters, bool) or not isinstance(max_parameters, int) or max_parameters < 1:
             raise ValueError(f"max_parameters must be a positive integer, got {max_parameters!r}")
         self._max_parameters = max_parameters
+        self._checkpoint_dirs = None if checkpoint_dirs is None else [os.path.realpath(d) for d in checkpoint_dirs]
+
+    def _check_checkpoint_path(self, config: Any) -> None:
+        path = config.get("checkpoint") if hasattr(config, "get") else None
+        if path is None or self._checkpoint_dirs is None:
+            return
+        real = os.path.realpath(str(path))
+        if not any(os.path.commonpath([real, allowed]) == allowed for allowed in self._checkpoint_dirs):
+            allowed = ", ".join(self._checkpoint_dirs) or "none"
+            raise ValueError(f"checkpoint {path!r} is outside the directories this layer may read ({allowed})")
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, config: Any) -> None:
@@ -35,6 +49,7 @@ class MLPLayerWorker(MegatronWorker):
 
         from single_controller.models.llama import ParallelLlamaMLP
 
+        self._check_checkpoint_path(config)
         megatron_config = OmegaConf.create({"sequence_parallel_enabled": False})
         layer = ParallelLlamaMLP(config=config, megatron_config=megatron_config, max_parameters=self._max_parameters)
         self.parallel_layer = layer.to(get_torch_device())

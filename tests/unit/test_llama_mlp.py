@@ -461,3 +461,21 @@ def test_shards_spanning_several_blocks(ranks, tmp_path_factory):
         assert all(torch.equal(rec["mid_seeded"][k], expected[k]) for k in expected)
         expected = _cut(*saved_mlp, tp, rank)
         assert all(torch.equal(rec["mid_loaded"][k], expected[k]) for k in expected)
+
+
+def test_a_served_layer_reads_checkpoints_only_from_its_directories(tmp_path):
+    from single_controller.models.mlp_worker import MLPLayerWorker
+
+    allowed = tmp_path / "models"
+    allowed.mkdir()
+    (allowed / "llama.safetensors").write_bytes(b"")
+    (tmp_path / "secret.safetensors").write_bytes(b"")
+    worker = MLPLayerWorker.__ray_actor_class__(checkpoint_dirs=[str(allowed)])
+    worker._check_checkpoint_path({"checkpoint": str(allowed / "llama.safetensors"), "layer_index": 0})
+    for outside in (tmp_path / "secret.safetensors", allowed / ".." / "secret.safetensors", "/etc"):
+        with pytest.raises(ValueError, match="outside the directories this layer may read"):
+            worker._check_checkpoint_path({"checkpoint": str(outside), "layer_index": 0})
+    closed = MLPLayerWorker.__ray_actor_class__(checkpoint_dirs=[])
+    with pytest.raises(ValueError, match=r"\(none\)"):
+        closed._check_checkpoint_path({"checkpoint": str(allowed / "llama.safetensors"), "layer_index": 0})
+    MLPLayerWorker.__ray_actor_class__()._check_checkpoint_path({"checkpoint": "/anywhere", "layer_index": 0})
