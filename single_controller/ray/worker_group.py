@@ -308,10 +308,18 @@ class RayWorkerGroup(WorkerGroup):
 
     # -- introspection and health -----------------------------------------------------
     def layout(self) -> GroupLayout:
-        """What dispatch functions read from this group, as a picklable snapshot."""
-        return GroupLayout(
+        """What dispatch and collect functions read from this group, as a picklable
+        snapshot: world size, micro-dp size, and for a group that reports a Megatron
+        layout (``get_megatron_rank_info``) every rank's tp/dp/pp/cp coordinates and sizes."""
+        layout = GroupLayout(
             world_size=self.world_size, micro_dp_group_size=getattr(self, "micro_dp_group_size", 1)
         )
+        rank_info = getattr(self, "get_megatron_rank_info", None)
+        if rank_info is not None:
+            layout.rank_infos = [RankCoords.of(rank_info(rank)) for rank in range(self.world_size)]
+            for size in ("tp_size", "dp_size", "pp_size", "cp_size"):
+                setattr(layout, size, int(getattr(self, size, 1) or 1))
+        return layout
 
     def rank_info(self, refresh: bool = False) -> list[dict[str, Any]]:
         """Per rank: rank, local rank, node, pid, CUDA_VISIBLE_DEVICES, device, actor name and id."""
