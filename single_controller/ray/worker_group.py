@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import string
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -13,8 +12,9 @@ import ray
 import torch
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from single_controller.base.worker_group import ClassWithInitArgs, WorkerGroup, unpad_output, user_class
+from single_controller.base.worker_group import ClassWithInitArgs, Collector, WorkerGroup, user_class
 from single_controller.batch import is_batch
+from single_controller.protocol_future import DataProtoFuture
 from single_controller.ray.resource_pool import RayResourcePool
 from single_controller.rendezvous import pick_rendezvous
 
@@ -78,8 +78,8 @@ def _rendezvous_task() -> tuple[str, int]:
 
 
 @ray.remote(num_cpus=0)
-def _collect_task(collect_fn: Callable, layout: GroupLayout, padding: int, *outputs: Any) -> Any:
-    return unpad_output(collect_fn(layout, list(outputs)), padding)
+def _collect_task(collector: Collector, *outputs: Any) -> Any:
+    return collector(list(outputs))
 
 
 class RankCoords(NamedTuple):
@@ -302,9 +302,12 @@ class RayWorkerGroup(WorkerGroup):
     def _wait(self, futures: Any) -> Any:
         return ray.get(futures, timeout=self.get_timeout_s)
 
-    def _collect_later(self, collect_fn: Callable, futures: Any, padding: int) -> Any:
-        outputs = futures if isinstance(futures, list) else [futures]
-        return _collect_task.remote(collect_fn, self.layout(), padding, *outputs)
+    def _collect_later(self, collector: Collector, futures: list[Any], as_dataproto: bool) -> Any:
+        """A DataProtoFuture (collected where ``get()`` runs) for a DataProto call; else
+        an ObjectRef of a Ray task that collects where the values are."""
+        if as_dataproto:
+            return DataProtoFuture(collect_fn=collector, futures=futures)
+        return _collect_task.remote(collector, *futures)
 
     # -- introspection and health -----------------------------------------------------
     def layout(self) -> GroupLayout:
