@@ -1,8 +1,8 @@
-"""Batches of named tensors for the *_PROTO dispatch modes, carried by tensordict.
+"""Batches for the *_PROTO dispatch modes: a :class:`~single_controller.protocol.DataProto`
+or a :class:`tensordict.TensorDict`, whose first dimension is the sample dimension.
 
-A batch is a :class:`tensordict.TensorDict` whose first batch dimension is the
-sample dimension. These helpers are the only operations dispatch needs: split into
-equal chunks, concatenate back, pad so a batch divides, and drop the padding.
+These helpers are the only operations dispatch needs, the same for both kinds: split
+into equal chunks, concatenate back, pad so a batch divides, and drop the padding.
 """
 
 from __future__ import annotations
@@ -16,22 +16,41 @@ import torch
 if TYPE_CHECKING:
     from tensordict import TensorDict, TensorDictBase
 
+    from single_controller.protocol import DataProto
+
+    Batch = TensorDictBase | DataProto
+
 __all__ = [
     "as_batch",
     "batch_len",
     "chunk_batch",
+    "compact_tensordict",
     "concat_batches",
     "is_batch",
+    "is_dataproto",
+    "may_pad",
     "pad_batch",
     "unpad_batch",
 ]
 
 
+def is_dataproto(value: Any) -> bool:
+    """Whether ``value`` is a DataProto (looked up without importing the protocol)."""
+    protocol = sys.modules.get("single_controller.protocol")
+    return protocol is not None and isinstance(value, protocol.DataProto)
+
+
 def is_batch(value: Any) -> bool:
-    # tensordict costs seconds to import; a value can only be a TensorDict if
-    # someone already imported it, so look without importing.
+    # tensordict costs seconds to import; a value can only be a TensorDict (or a
+    # DataProto) if someone already imported it, so look without importing.
     tensordict = sys.modules.get("tensordict")
-    return tensordict is not None and isinstance(value, tensordict.TensorDictBase)
+    return (tensordict is not None and isinstance(value, tensordict.TensorDictBase)) or is_dataproto(value)
+
+
+def may_pad(batch: Any) -> bool:
+    """Whether dispatch may pad this batch: a TensorDict always; a DataProto only with
+    its auto padding on (``DataProtoConfig.auto_padding`` or its own flag), as in verl."""
+    return batch.is_padding_enabled() if is_dataproto(batch) else True
 
 
 def as_batch(tensors: Mapping[str, torch.Tensor]) -> TensorDict:
@@ -44,13 +63,15 @@ def as_batch(tensors: Mapping[str, torch.Tensor]) -> TensorDict:
     return TensorDict(dict(tensors), batch_size=[next(iter(sizes.values()))])
 
 
-def batch_len(batch: TensorDictBase) -> int:
+def batch_len(batch: Batch) -> int:
+    if is_dataproto(batch):
+        return len(batch)
     if not batch.batch_dims:
         raise ValueError("a batch needs at least one batch dimension")
     return int(batch.batch_size[0])
 
 
-def pad_batch(batch: TensorDictBase, multiple: int) -> tuple[TensorDictBase, int]:
+def pad_batch(batch: Batch, multiple: int) -> tuple[Batch, int]:
     """Return ``(padded, pad)`` where ``len(padded)`` is a multiple of ``multiple``.
 
     Padding repeats rows from the start of the batch (cyclically when the batch is
@@ -64,25 +85,42 @@ def pad_batch(batch: TensorDictBase, multiple: int) -> tuple[TensorDictBase, int
     if pad == 0:
         return batch, 0
     index = torch.arange(pad) % n
-    return torch.cat([batch, batch[index]], dim=0), pad
+    return concat_batches([batch, batch[index]]), pad
 
 
-def unpad_batch(batch: TensorDictBase, pad: int) -> TensorDictBase:
+def unpad_batch(batch: Batch, pad: int) -> Batch:
     """Drop ``pad`` trailing rows added by :func:`pad_batch`."""
     return batch if pad == 0 else batch[: batch_len(batch) - pad]
 
 
-def chunk_batch(batch: TensorDictBase, chunks: int) -> list[TensorDictBase]:
-    """Split into ``chunks`` equal parts along dim 0; the length must divide."""
+def _owns_its_storage(tensor: torch.Tensor) -> bool:
+    return tensor.untyped_storage().nbytes() <= tensor.numel() * tensor.element_size()
+
+
+def compact_tensordict(batch: TensorDictBase) -> TensorDictBase:
+    """``batch`` with every tensor that views part of a larger storage copied into one
+    of its own. Torch pickles a view with its whole storage, so a slice of a large batch
+    sent to a rank would carry every row; compacted, it carries only its own."""
+    if all(_owns_its_storage(t) for t in batch.values(include_nested=True, leaves_only=True)):
+        return batch
+    return batch.apply(lambda t: t if _owns_its_storage(t) else t.clone())
+
+
+def chunk_batch(batch: Batch, chunks: int) -> list[Batch]:
+    """Split into ``chunks`` equal parts along dim 0 (the length must divide), each
+    holding only its own rows when pickled (a DataProto compacts itself when pickled)."""
     n = batch_len(batch)
     if chunks <= 0 or n % chunks:
         raise ValueError(f"a batch of {n} rows does not split into {chunks} equal chunks")
     size = n // chunks
-    return [batch[i * size : (i + 1) * size] for i in range(chunks)]
+    pieces = [batch[i * size : (i + 1) * size] for i in range(chunks)]
+    return pieces if is_dataproto(batch) else [compact_tensordict(piece) for piece in pieces]
 
 
-def concat_batches(batches: Sequence[TensorDictBase]) -> TensorDictBase:
-    """Concatenate batches along dim 0, in order."""
+def concat_batches(batches: Sequence[Batch]) -> Batch:
+    """Concatenate batches along dim 0, in order (DataProtos keep the first one's meta_info)."""
     if not batches:
         raise ValueError("nothing to concatenate")
+    if is_dataproto(batches[0]):
+        return type(batches[0]).concat(list(batches))
     return torch.cat(list(batches), dim=0)

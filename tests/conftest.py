@@ -32,6 +32,18 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.fixture
+def no_global_padding():
+    """DataProto auto padding off process-wide for the test (restored after), so each
+    DataProto's own flag decides."""
+    from single_controller.protocol import DataProtoConfig
+
+    before = DataProtoConfig.auto_padding
+    DataProtoConfig.auto_padding = False
+    yield
+    DataProtoConfig.auto_padding = before
+
+
 @pytest.fixture(scope="session")
 def service():
     """`serve run serve_config.yaml` as a user would start it, shared by the session

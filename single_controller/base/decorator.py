@@ -1,7 +1,9 @@
 """``@register``: declare how a worker method is dispatched, executed and collected.
 
 The tutorial's import path: ``from single_controller.base.decorator import register,
-Dispatch, Execute, collect_all_to_all, register_dispatch_mode``.
+Dispatch, Execute, collect_all_to_all, register_dispatch_mode``; and verl v0.4's registry
+names (``DISPATCH_MODE_FN_REGISTRY``, ``get_predefined_dispatch_fn``,
+``update_dispatch_mode``, ``_check_dispatch_mode``) from the same module.
 """
 
 from __future__ import annotations
@@ -27,14 +29,22 @@ from single_controller.base.dispatch import (
     dispatch_megatron_compute,
     dispatch_megatron_compute_proto,
     dispatch_megatron_pp_as_dp,
-    dispatch_mode_name,
     dispatch_one_to_all,
+)
+from single_controller.base.dispatch_registry import (
+    DISPATCH_MODE_FN_REGISTRY,
+    _check_dispatch_mode,
+    dispatch_mode_name,
+    get_predefined_dispatch_fn,
+    get_predefined_execute_fn,
     register_dispatch_mode,
     resolve_dispatch_mode,
+    update_dispatch_mode,
 )
 from single_controller.base.modes import Dispatch, Execute, Mode
 
 __all__ = [
+    "DISPATCH_MODE_FN_REGISTRY",
     "DISPATCH_TABLE",
     "MAGIC_ATTR",
     "PADDING_KEY",
@@ -43,6 +53,7 @@ __all__ = [
     "DispatchSpec",
     "Execute",
     "MethodSpec",
+    "_check_dispatch_mode",
     "collect_all_to_all",
     "collect_dp_compute",
     "collect_dp_compute_proto",
@@ -58,8 +69,11 @@ __all__ = [
     "dispatch_megatron_pp_as_dp",
     "dispatch_one_to_all",
     "get_method_spec",
+    "get_predefined_dispatch_fn",
+    "get_predefined_execute_fn",
     "register",
     "register_dispatch_mode",
+    "update_dispatch_mode",
 ]
 
 #: Attribute under which ``@register`` stores a method's modes (verl's name, so
@@ -99,6 +113,7 @@ def register(
     dispatch_mode: Mode | str | dict = Dispatch.ALL_TO_ALL,
     execute_mode: Mode | str = Execute.ALL,
     blocking: bool = True,
+    materialize_futures: bool = True,
 ) -> Callable[[Callable], Callable]:
     """Mark a worker method for group binding.
 
@@ -106,8 +121,13 @@ def register(
     arguments by ``dispatch_mode`` (a :class:`Dispatch` member, its name, or a
     ``{'dispatch_fn', 'collect_fn'}`` dict), runs it on the ranks ``execute_mode``
     names, and collects the outputs. With ``blocking=False`` the group method
-    returns Ray futures instead of values. An unknown mode raises ``ValueError``
-    here, when the method is defined, not on first call.
+    returns futures instead of values: a ``DataProtoFuture`` when a PROTO mode was
+    given a DataProto, else Ray futures. An unknown mode raises ``ValueError`` here,
+    when the method is defined, not on first call.
+
+    ``materialize_futures`` is verl's switch for resolving ``DataProtoFuture``
+    arguments; here they are always resolved before dispatch (on the caller), so it is
+    accepted for compatibility and has no effect.
     """
     resolve_dispatch_mode(dispatch_mode)
     if isinstance(dispatch_mode, str):

@@ -6,14 +6,17 @@ group's executor sends item ``r`` to rank ``r``); ``collect_fn(group, outputs)``
 turns the per-rank outputs (a list indexed by rank) into the caller's result.
 ``group`` is anything that reports its layout: ``world_size`` always, plus
 ``get_megatron_rank_info(rank)`` and ``tp_size``/``dp_size``/``pp_size``/``cp_size``
-for the MEGATRON modes and ``micro_dp_group_size`` for ALL_MICRO_DP. Built-in
-dispatch functions never modify the caller's arguments; they raise
+for the MEGATRON modes and ``micro_dp_group_size`` for ALL_MICRO_DP. A batch (the
+PROTO modes) is a :class:`~single_controller.protocol.DataProto` or a TensorDict.
+Built-in dispatch functions never modify the caller's arguments; they raise
 :class:`DispatchError` (a ``ValueError``) naming the argument that does not fit.
+
+Looking modes up, adding and replacing them is :mod:`single_controller.base.dispatch_registry`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +26,14 @@ from single_controller.batch import (
     chunk_batch,
     concat_batches,
     is_batch,
+    may_pad,
     pad_batch,
 )
 
 #: Reserved key a dispatch function may add to its returned kwargs: the number of
-#: rows it padded, which the group strips from the collected batch.
-PADDING_KEY = "__dispatch_padding__"
+#: rows it padded, which the group strips from the collected batch. verl's name for it,
+#: so dispatch functions written for verl that set it are honoured here too.
+PADDING_KEY = "_padding_size_key_x123d"
 
 DispatchFn = Callable[..., tuple[tuple, dict]]
 CollectFn = Callable[[Any, list], Any]
@@ -38,26 +43,66 @@ class DispatchError(ValueError):
     """An argument does not fit the dispatch mode (wrong type or length)."""
 
 
-@dataclass(frozen=True)
-class DispatchSpec:
+_SPEC_KEYS = ("dispatch_fn", "collect_fn")
+
+
+@dataclass(frozen=True, eq=False)
+class DispatchSpec(Mapping):
     """A dispatch mode's two functions.
 
     ``collect_needs_values`` is False when ``collect_fn`` only selects and reorders
     outputs, so it can run on Ray ObjectRefs for a non-blocking call; True when it
     combines values (concatenation) and must run where the values are.
+
+    It reads as verl's registry entry too: a mapping with exactly the keys
+    ``dispatch_fn`` and ``collect_fn``, equal to a dict holding the same two functions.
     """
 
     dispatch_fn: DispatchFn
     collect_fn: CollectFn
     collect_needs_values: bool = False
 
+    @classmethod
+    def of(cls, value: Mapping) -> DispatchSpec:
+        """A spec from any mapping with callable ``dispatch_fn`` and ``collect_fn`` (a
+        verl registry entry); the collect runs on values unless it is the identity.
+        ``ValueError`` naming what is missing or not callable."""
+        if isinstance(value, DispatchSpec):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"a dispatch mode entry is a mapping of dispatch_fn and collect_fn, got {value!r}")
+        missing = [key for key in _SPEC_KEYS if key not in value]
+        extra = sorted(set(value) - set(_SPEC_KEYS))
+        if missing or extra:
+            raise ValueError(
+                "a custom dispatch mode is a dict with exactly 'dispatch_fn' and 'collect_fn'; "
+                f"missing {missing}, unexpected {extra}"
+            )
+        if not callable(value["dispatch_fn"]) or not callable(value["collect_fn"]):
+            raise ValueError("custom dispatch_fn and collect_fn must be callable")
+        collect_fn = value["collect_fn"]
+        return cls(value["dispatch_fn"], collect_fn, collect_needs_values=collect_fn is not collect_all_to_all)
+
+    def __getitem__(self, key: str) -> Callable:
+        if key not in _SPEC_KEYS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_SPEC_KEYS)
+
+    def __len__(self) -> int:
+        return len(_SPEC_KEYS)
+
 
 def _label(key: int | str) -> str:
     return f"positional argument {key}" if isinstance(key, int) else f"argument {key!r}"
 
 
-def _map_args(args: tuple, kwargs: dict, fn: Callable[[str, Any], Any]) -> tuple[tuple, dict]:
-    new_args = tuple(fn(_label(i), value) for i, value in enumerate(args))
+def _map_args(
+    args: tuple, kwargs: dict, fn: Callable[[str, Any], Any], first_index: int = 0
+) -> tuple[tuple, dict]:
+    new_args = tuple(fn(_label(i), value) for i, value in enumerate(args, start=first_index))
     new_kwargs = {key: fn(_label(key), value) for key, value in kwargs.items()}
     return new_args, new_kwargs
 
@@ -74,27 +119,39 @@ def _require_list(label: str, value: Any, length: int, unit: str) -> Sequence:
     return value
 
 
-def _split_batches(args: tuple, kwargs: dict, chunks: int, mode: str) -> tuple[tuple, dict, int]:
-    """Pad every batch argument to a multiple of ``chunks`` and split it; all must share a length."""
+def _split_batches(
+    args: tuple, kwargs: dict, chunks: int, mode: str, first_index: int = 0
+) -> tuple[tuple, dict, int]:
+    """Split every batch argument into ``chunks`` equal parts, padding it first when its
+    length does not divide (a TensorDict always; a DataProto when its auto padding is
+    on, as verl does). All batches must share one length."""
     lengths: dict[str, int] = {}
 
     def check(label: str, value: Any) -> Any:
         if not is_batch(value):
-            raise DispatchError(f"{mode} expects a TensorDict batch for {label}, got {type(value).__name__}")
+            raise DispatchError(
+                f"{mode} expects a DataProto or TensorDict batch for {label}, got {type(value).__name__}"
+            )
         lengths[label] = batch_len(value)
         return value
 
-    _map_args(args, kwargs, check)
+    _map_args(args, kwargs, check, first_index)
     if len(set(lengths.values())) > 1:
         raise DispatchError(f"{mode} needs batches of one length, got {lengths}")
     pads: list[int] = []
 
     def split(label: str, value: Any) -> list:
         padded, pad = pad_batch(value, chunks)
+        if pad and not may_pad(value):
+            raise DispatchError(
+                f"{mode}: {label} has {batch_len(value)} rows, which do not split into {chunks} equal "
+                "parts; set DataProtoConfig.auto_padding = True (or DataProto.from_dict(..., "
+                "auto_padding=True)) to pad it"
+            )
         pads.append(pad)
         return chunk_batch(padded, chunks)
 
-    new_args, new_kwargs = _map_args(args, kwargs, split)
+    new_args, new_kwargs = _map_args(args, kwargs, split, first_index)
     return new_args, new_kwargs, (pads[0] if pads else 0)
 
 
@@ -149,6 +206,29 @@ def dispatch_dp_compute_proto(group, *args, **kwargs) -> tuple[tuple, dict]:
 def collect_dp_compute_proto(group, output):
     """Concatenate the per-rank batches in rank order (the group then drops the padding)."""
     return concat_batches(collect_dp_compute(group, output))
+
+
+def dispatch_dp_compute_proto_with_func(group, *args, **kwargs) -> tuple[tuple, dict]:
+    """The first positional argument is a function, sent whole to every rank; every other
+    argument is a batch, split as DP_COMPUTE_PROTO splits it (verl's
+    ``Worker.execute_with_func_generator`` runs ``func(worker, *batches)`` on each rank)."""
+    if not args or not callable(args[0]):
+        raise DispatchError(
+            "DP_COMPUTE_PROTO_WITH_FUNC takes a function as its first positional argument, then batches"
+        )
+    func, batches = args[0], args[1:]
+    split_args, split_kwargs, pad = _split_batches(
+        batches, kwargs, group.world_size, "DP_COMPUTE_PROTO_WITH_FUNC", first_index=1
+    )
+    return _with_padding(([func] * group.world_size, *split_args), split_kwargs, pad)
+
+
+def dispatch_direct_rollout(group, *args, **kwargs):
+    """DIRECT_ROLLOUT_METHOD methods are called on a rollout engine's own actors (verl's
+    vLLM executor), never through a worker group."""
+    raise DispatchError(
+        "a DIRECT_ROLLOUT_METHOD method is called on the rollout's own actors, not through a worker group"
+    )
 
 
 # -- Megatron 3D layouts ---------------------------------------------------------
@@ -297,13 +377,17 @@ def collect_all_micro_dp(group, output):
     return chosen
 
 
-#: The dispatch table. Keys are :class:`Dispatch` modes.
+#: The dispatch table, verl's ``DISPATCH_MODE_FN_REGISTRY``. Keys are :class:`Dispatch` modes.
 DISPATCH_TABLE: dict[Mode, DispatchSpec] = {
     Dispatch.RANK_ZERO: DispatchSpec(dispatch_all_to_all, collect_all_to_all),
     Dispatch.ONE_TO_ALL: DispatchSpec(dispatch_one_to_all, collect_all_to_all),
     Dispatch.ALL_TO_ALL: DispatchSpec(dispatch_all_to_all, collect_all_to_all),
     Dispatch.DP_COMPUTE: DispatchSpec(dispatch_dp_compute, collect_dp_compute),
     Dispatch.DP_COMPUTE_PROTO: DispatchSpec(dispatch_dp_compute_proto, collect_dp_compute_proto, True),
+    Dispatch.DP_COMPUTE_PROTO_WITH_FUNC: DispatchSpec(
+        dispatch_dp_compute_proto_with_func, collect_dp_compute_proto, True
+    ),
+    Dispatch.DP_COMPUTE_METRIC: DispatchSpec(dispatch_dp_compute_proto, collect_dp_compute),
     Dispatch.MEGATRON_COMPUTE: DispatchSpec(dispatch_megatron_compute, collect_megatron_compute),
     Dispatch.MEGATRON_COMPUTE_PROTO: DispatchSpec(
         dispatch_megatron_compute_proto, collect_megatron_compute_proto, True
@@ -314,50 +398,5 @@ DISPATCH_TABLE: dict[Mode, DispatchSpec] = {
     ),
     Dispatch.MEGATRON_PP_ONLY: DispatchSpec(dispatch_one_to_all, collect_megatron_pp_only),
     Dispatch.ALL_MICRO_DP: DispatchSpec(dispatch_all_micro_dp, collect_all_micro_dp, True),
+    Dispatch.DIRECT_ROLLOUT_METHOD: DispatchSpec(dispatch_direct_rollout, dispatch_direct_rollout),
 }
-
-
-def register_dispatch_mode(name: str, dispatch_fn: DispatchFn, collect_fn: CollectFn) -> Mode:
-    """Add a named dispatch mode, usable as ``Dispatch.<name>`` in ``@register``."""
-    if not callable(dispatch_fn) or not callable(collect_fn):
-        raise ValueError(f"dispatch mode {name!r} needs callable dispatch_fn and collect_fn")
-    if name in Dispatch and Dispatch[name] in DISPATCH_TABLE:
-        raise ValueError(f"dispatch mode {name!r} is already registered")
-    mode = Dispatch.register(name)
-    DISPATCH_TABLE[mode] = DispatchSpec(dispatch_fn, collect_fn, collect_fn is not collect_all_to_all)
-    return mode
-
-
-def resolve_dispatch_mode(mode: Mode | str | dict) -> DispatchSpec:
-    """The :class:`DispatchSpec` for a mode, a mode name, or a custom
-    ``{'dispatch_fn': ..., 'collect_fn': ...}`` dict; ValueError for anything else."""
-    if isinstance(mode, dict):
-        missing = {"dispatch_fn", "collect_fn"} - set(mode)
-        extra = set(mode) - {"dispatch_fn", "collect_fn"}
-        if missing or extra:
-            raise ValueError(
-                "a custom dispatch mode is a dict with exactly 'dispatch_fn' and 'collect_fn'; "
-                f"missing {sorted(missing)}, unexpected {sorted(extra)}"
-            )
-        if not callable(mode["dispatch_fn"]) or not callable(mode["collect_fn"]):
-            raise ValueError("custom dispatch_fn and collect_fn must be callable")
-        # A custom collect function may combine values, so it runs on values
-        # unless it is the identity.
-        needs_values = mode["collect_fn"] is not collect_all_to_all
-        return DispatchSpec(mode["dispatch_fn"], mode["collect_fn"], collect_needs_values=needs_values)
-    if isinstance(mode, str):
-        if mode not in Dispatch:
-            raise ValueError(f"unknown dispatch mode {mode!r}; known: {', '.join(m.name for m in Dispatch)}")
-        mode = Dispatch[mode]
-    if not isinstance(mode, Mode) or mode not in DISPATCH_TABLE:
-        raise ValueError(
-            f"unknown dispatch mode {mode!r}; known: {', '.join(m.name for m in DISPATCH_TABLE)}"
-        )
-    return DISPATCH_TABLE[mode]
-
-
-def dispatch_mode_name(mode: Mode | str | dict) -> str:
-    """A printable name: the mode's name, or ``custom:<dispatch_fn name>``."""
-    if isinstance(mode, dict):
-        return f"custom:{getattr(mode['dispatch_fn'], '__name__', 'dispatch_fn')}"
-    return mode if isinstance(mode, str) else mode.name

@@ -80,6 +80,20 @@ class ModeRegistry(type):
     def alias(cls, alias: str, name: str) -> None:
         cls._aliases[alias] = name
 
+    def remove(cls, name: str) -> Mode:
+        """Take mode ``name`` (or an alias of it) out of the set, with its aliases, and
+        return it (verl's ``Dispatch.remove``). What a mode maps to elsewhere (the
+        dispatch table) is left to its owner. ``ValueError`` for an unknown name."""
+        key = cls._aliases.get(name, name)
+        if key not in cls._members:
+            known = ", ".join(cls._members)
+            raise ValueError(f"cannot remove {cls.__name__} mode {name!r}: not registered; known: {known}")
+        mode = cls._members.pop(key)
+        delattr(cls, key)
+        for alias in [a for a, target in cls._aliases.items() if target == key]:
+            del cls._aliases[alias]
+        return mode
+
 
 class Dispatch(metaclass=ModeRegistry):
     """How a call's arguments are split across ranks and how outputs are collected."""
@@ -109,6 +123,11 @@ for _name in (
     "DP_COMPUTE",
     "DP_COMPUTE_PROTO",
     "ALL_MICRO_DP",
+    # verl v0.4's additions: a function and a batch, per-rank metrics from a batch,
+    # and the rollout-only mode that a group never dispatches itself.
+    "DP_COMPUTE_PROTO_WITH_FUNC",
+    "DP_COMPUTE_METRIC",
+    "DIRECT_ROLLOUT_METHOD",
 ):
     Dispatch.register(_name)
 # The HybridFlow paper's names for the same transfer protocols.

@@ -2,15 +2,22 @@
 
 A worker learns its place in the group from environment variables the group sets
 when it starts the process (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), so ``torch.distributed``'s
-``env://`` rendezvous works as it does under torchrun.
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, and verl's
+``RAY_LOCAL_RANK``/``RAY_LOCAL_WORLD_SIZE``), so ``torch.distributed``'s ``env://``
+rendezvous works as it does under torchrun.
+
+Every worker also answers verl's two driver-function methods: a group sends a function
+to its ranks with ``execute_with_func_generator`` (the function runs on each rank with
+that rank's part of a batch) or ``execute_func_rank_zero`` (it runs on rank 0).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
+from single_controller.base.decorator import Dispatch, Execute, register
 from single_controller.rendezvous import node_ip_address, pick_rendezvous
 
 
@@ -20,6 +27,9 @@ class Worker:
     The rank attributes are set in ``__new__`` so they are there even before a
     subclass's ``__init__`` runs (the tutorial's workers read ``self.rank`` in it).
     """
+
+    #: Attribute under which a fused worker's roles see each other (verl's name).
+    fused_worker_attr_name = "fused_worker_dict"
 
     def __new__(cls, *args: Any, **kwargs: Any):
         instance = super().__new__(cls)
@@ -36,6 +46,10 @@ class Worker:
         self._world_size = int(env.get("WORLD_SIZE", "1"))
         self._local_rank = int(env.get("LOCAL_RANK", "0"))
         self._local_world_size = int(env.get("LOCAL_WORLD_SIZE", "1"))
+        # verl's workers read the RAY_ spellings; give both wherever one is missing.
+        for plain, ray_name in (("LOCAL_RANK", "RAY_LOCAL_RANK"), ("LOCAL_WORLD_SIZE", "RAY_LOCAL_WORLD_SIZE")):
+            if plain in env:
+                env.setdefault(ray_name, env[plain])
         if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
             # A lone worker (or rank 0 started by hand) hosts its own rendezvous.
             addr, port = pick_rendezvous()
@@ -68,6 +82,21 @@ class Worker:
     def get_cuda_visible_devices(self) -> str:
         """CUDA_VISIBLE_DEVICES as this process sees it ("" when no GPU is assigned)."""
         return os.environ.get("CUDA_VISIBLE_DEVICES", self._cuda_visible_devices)
+
+    def get_fused_worker_by_name(self, worker_name: str) -> Any:
+        """In a fused worker, the role instance ``worker_name`` (None when there is none)."""
+        return getattr(self, self.fused_worker_attr_name, {}).get(worker_name)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO_WITH_FUNC)
+    def execute_with_func_generator(self, func: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Run ``func(self, *args, **kwargs)`` here: through the group, each rank gets its
+        part of every batch argument and the answers are concatenated back."""
+        return func(self, *args, **kwargs)
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def execute_func_rank_zero(self, func: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Run ``func(*args, **kwargs)`` here: through the group, on rank 0 only."""
+        return func(*args, **kwargs)
 
     def get_node_id(self) -> str | None:
         """The Ray node this worker runs on (None outside Ray)."""

@@ -15,10 +15,12 @@ from typing import Any
 from single_controller.base.decorator import PADDING_KEY, DispatchError, MethodSpec
 from single_controller.base.modes import Execute
 from single_controller.base.worker_methods import registered_methods, user_class
-from single_controller.batch import is_batch, unpad_batch
+from single_controller.batch import is_batch, is_dataproto, unpad_batch
+from single_controller.protocol_future import DataProtoFuture, materialize_futures
 
 __all__ = [
     "ClassWithInitArgs",
+    "Collector",
     "PendingCall",
     "ResourcePool",
     "SubmitError",
@@ -82,6 +84,9 @@ class ClassWithInitArgs:
         self.cls = cls
         self.args = args
         self.kwargs = kwargs
+        #: Set (by ``create_colocated_worker_cls_fused``, or by hand on a subclass of
+        #: ``create_colocated_worker_raw_cls``) when ``cls`` is a fused worker class.
+        self.fused_worker_used = False
 
     def __call__(self) -> Any:
         return self.cls(*self.args, **self.kwargs)
@@ -101,6 +106,23 @@ class SubmitError(RuntimeError):
         self.submitted = submitted
         self.ranks = ranks
         self.cause = cause
+
+
+@dataclass(frozen=True)
+class Collector:
+    """What the values of a call's futures become: the mode's ``collect_fn`` over the
+    group's layout, then the dispatch padding dropped. ``single`` marks a RANK_ZERO call
+    (one value, not a list by rank). Picklable when ``layout`` is (a Ray task or a
+    DataProtoFuture may run it in another process)."""
+
+    collect_fn: Callable[[Any, Any], Any]
+    layout: Any
+    padding: int = 0
+    single: bool = False
+
+    def __call__(self, values: Sequence[Any]) -> Any:
+        outputs = values[0] if self.single else list(values)
+        return unpad_output(self.collect_fn(self.layout, outputs), self.padding)
 
 
 @dataclass
@@ -202,7 +224,9 @@ class WorkerGroup:
     def _wait(self, futures: Any) -> Any:
         raise NotImplementedError
 
-    def _collect_later(self, collect_fn: Callable, futures: Any, padding: int) -> Any:
+    def _collect_later(self, collector: Collector, futures: list[Any], as_dataproto: bool) -> Any:
+        """A future of ``collector(values of futures)``: a DataProtoFuture when the call
+        was given a DataProto, else the transport's own future."""
         raise NotImplementedError
 
     # -- calls --------------------------------------------------------------------
@@ -244,9 +268,9 @@ class WorkerGroup:
         collect_fn = spec.dispatch_spec.collect_fn
         if spec.execute_mode == Execute.RANK_ZERO:
             future = self.execute_rank_zero_async(method_name, *d_args, **d_kwargs)
-            return PendingCall([future], lambda values: unpad_output(collect_fn(self, values[0]), padding))
+            return PendingCall([future], Collector(collect_fn, self, padding, single=True))
         futures = self.execute_all_async(method_name, *d_args, **d_kwargs)
-        return PendingCall(futures, lambda values: unpad_output(collect_fn(self, list(values)), padding))
+        return PendingCall(futures, Collector(collect_fn, self, padding))
 
     def call_method(self, method_name: str, *args: Any, blocking: bool | None = None, **kwargs: Any) -> Any:
         """Call a worker method by name: with its registered modes when it has them,
@@ -262,31 +286,53 @@ class WorkerGroup:
     ) -> Any:
         dispatch = spec.dispatch_spec
         blocking = spec.blocking if blocking is None else blocking
+        as_dataproto = any(is_dataproto(v) or isinstance(v, DataProtoFuture) for v in (*args, *kwargs.values()))
         d_args, d_kwargs, padding = dispatch_arguments(self, name, spec, args, kwargs)
-        if spec.execute_mode == Execute.RANK_ZERO:
+        rank_zero = spec.execute_mode == Execute.RANK_ZERO
+        if rank_zero:
             futures = self.execute_rank_zero_async(name, *d_args, **d_kwargs)
         else:
             futures = self.execute_all_async(name, *d_args, **d_kwargs)
         if not blocking:
             if dispatch.collect_needs_values or padding:
-                return self._collect_later(dispatch.collect_fn, futures, padding)
+                collector = Collector(dispatch.collect_fn, self.layout(), padding, single=rank_zero)
+                return self._collect_later(collector, [futures] if rank_zero else list(futures), as_dataproto)
             return dispatch.collect_fn(self, futures)
         output = dispatch.collect_fn(self, self._wait(futures))
         return unpad_output(output, padding)
 
+    def layout(self) -> Any:
+        """What collect functions read from this group, as a snapshot that can travel to
+        another process (the group itself here; transports override it)."""
+        return self
+
     def _bind_worker_method(self, user_defined_cls: Any, func_generator: Callable | None = None) -> list[str]:
-        """Give the group one method per ``@register``-ed worker method."""
+        """Give the group one method per ``@register``-ed worker method.
+
+        The methods are looked up on access (``__getattr__``), not stored on the group,
+        so a group holds no reference to itself: dropping the last reference to it
+        releases its actor handles at once (and Ray ends the actors), as verl's tests
+        expect after ``del group``. ``func_generator(name, spec)``, when given, builds
+        methods that are stored instead."""
         bound = []
         for name, spec in registered_methods(user_defined_cls).items():
-            if hasattr(type(self), name) or name in self._reserved or name.startswith("_"):
+            taken = hasattr(type(self), name) or name in self._reserved or name in self.__dict__
+            if taken or name.startswith("_"):
                 raise ValueError(
                     f"worker method {name!r} cannot be registered: the worker group uses that name"
                 )
-            method = (func_generator or self._make_group_method)(name, spec)
-            setattr(self, name, method)
             self._method_specs[name] = spec
+            if func_generator is not None:
+                setattr(self, name, func_generator(name, spec))
             bound.append(name)
         return bound
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails: a bound worker method, or nothing.
+        spec = self.__dict__.get("_method_specs", {}).get(name)
+        if spec is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return self._make_group_method(name, spec)
 
     def _make_group_method(self, name: str, spec: MethodSpec) -> Callable[..., Any]:
         def group_method(*args: Any, **kwargs: Any) -> Any:
@@ -299,8 +345,9 @@ class WorkerGroup:
 
 def dispatch_arguments(group: Any, name: str, spec: MethodSpec, args: tuple, kwargs: dict) -> tuple[tuple, dict, int]:
     """Run a registered method's dispatch function: the per-rank arguments, and the
-    rows a PROTO dispatch padded (to drop from the collected output). A dispatch error
-    names the method."""
+    rows a PROTO dispatch padded (to drop from the collected output). DataProtoFuture
+    arguments are resolved first. A dispatch error names the method."""
+    args, kwargs = materialize_futures(tuple(args), dict(kwargs))
     try:
         d_args, d_kwargs = spec.dispatch_spec.dispatch_fn(group, *args, **kwargs)
     except DispatchError as exc:
@@ -318,7 +365,8 @@ def dispatch_arguments(group: Any, name: str, spec: MethodSpec, args: tuple, kwa
 
 
 def unpad_output(output: Any, padding: int) -> Any:
-    """Drop the rows a PROTO dispatch padded from a collected batch."""
+    """Drop the rows a PROTO dispatch padded from a collected batch (a DataProto or a
+    TensorDict; per-rank lists keep every rank's entry)."""
     if padding and is_batch(output):
         return unpad_batch(output, padding)
     return output

@@ -7,25 +7,32 @@ from single_controller.ray.base import (
     RayWorkerGroup,
     ResourceUnavailableError,
     create_colocated_worker_cls,
+    create_colocated_worker_cls_fused,
+    create_colocated_worker_raw_cls,
     merge_resource_pool,
 )
 
 __all__ = [
     "GroupLayout",
     "MegatronRayWorkerGroup",
+    "NVMegatronRayWorkerGroup",
     "RayClassWithInitArgs",
     "RayResourcePool",
     "RayWorkerGroup",
     "ResourceUnavailableError",
     "create_colocated_worker_cls",
+    "create_colocated_worker_cls_fused",
+    "create_colocated_worker_raw_cls",
     "merge_resource_pool",
 ]
 
+#: Imported on first use: they pull in megatron-core, which plain groups never need.
+_MEGATRON_GROUPS = ("MegatronRayWorkerGroup", "NVMegatronRayWorkerGroup")
+
 
 def __getattr__(name: str):
-    # Imported on first use: it pulls in megatron-core, which plain groups never need.
-    if name == "MegatronRayWorkerGroup":
-        from single_controller.ray.megatron import MegatronRayWorkerGroup
+    if name in _MEGATRON_GROUPS:
+        from single_controller.ray import megatron
 
-        return MegatronRayWorkerGroup
+        return getattr(megatron, name)
     raise AttributeError(name)

@@ -1,7 +1,11 @@
-"""The tutorial's import path: ``from single_controller.ray.base import RayResourcePool,
-RayClassWithInitArgs, RayWorkerGroup, merge_resource_pool``."""
+"""The tutorial's and verl's import path: ``from single_controller.ray.base import
+RayResourcePool, RayClassWithInitArgs, RayWorkerGroup, merge_resource_pool,
+create_colocated_worker_cls, create_colocated_worker_cls_fused,
+create_colocated_worker_raw_cls``."""
 
+from single_controller.base.worker import Worker
 from single_controller.ray.colocated import create_colocated_worker_cls
+from single_controller.ray.fused import create_colocated_worker_cls_fused, create_colocated_worker_raw_cls
 from single_controller.ray.resource_pool import (
     RayResourcePool,
     ResourceUnavailableError,
@@ -15,6 +19,9 @@ __all__ = [
     "RayResourcePool",
     "RayWorkerGroup",
     "ResourceUnavailableError",
+    "Worker",
     "create_colocated_worker_cls",
+    "create_colocated_worker_cls_fused",
+    "create_colocated_worker_raw_cls",
     "merge_resource_pool",
 ]

@@ -10,6 +10,7 @@ an endless pending placement group (verl's "program stuck" report).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,6 +49,10 @@ class RayResourcePool(ResourcePool):
 
     ``max_colocate_count`` is how many groups may share one bundle: each actor
     reserves ``1/max_colocate_count`` of its bundle's GPU and CPUs.
+
+    Every pool's placement groups get names of their own (``name_prefix``, then a token
+    unique to the pool), so any number of pools, named alike or unnamed, from any number
+    of drivers or controller replicas, coexist in one cluster.
     """
 
     def __init__(
@@ -66,6 +71,8 @@ class RayResourcePool(ResourcePool):
             raise ValueError(f"num_cpus_per_bundle must be >= 0, got {num_cpus_per_bundle}")
         self.use_gpu = bool(use_gpu)
         self.name_prefix = name_prefix or ""
+        #: Makes this pool's placement-group names unique in the cluster.
+        self.pool_token = uuid.uuid4().hex[:12]
         self.detached = detached
         self.accelerator_type = accelerator_type
         self.num_cpus_per_bundle = float(num_cpus_per_bundle)
@@ -127,15 +134,18 @@ class RayResourcePool(ResourcePool):
 
     # -- placement ------------------------------------------------------------------
     def get_placement_groups(
-        self, strategy: str = "STRICT_PACK", name: str | None = None
+        self, strategy: str = "STRICT_PACK", name: str | None = None, device_name: str | None = None
     ) -> list[PlacementGroup]:
-        """Create (once) and return the placement groups, ordered by node."""
+        """Create (once) and return the placement groups, ordered by node. They are
+        named ``<name_prefix>sc_pool_<token>_<count>:<index>`` (or ``<name>_<count>:<index>``
+        when ``name`` is given, which the caller then keeps unique). ``device_name`` is
+        verl's and changes nothing: bundles take a GPU when the pool ``use_gpu``."""
         if self.pgs is not None:
             return self.pgs
         if not self._store:
             raise ValueError("resource pool has no processes: process_on_nodes is empty")
         self._check_feasible()
-        prefix = name or f"{self.name_prefix}sc_pool"
+        prefix = name or f"{self.name_prefix}sc_pool_{self.pool_token}"
         lifetime = "detached" if self.detached else None
         bundle = self.bundle()
 

@@ -1,10 +1,17 @@
-"""RayWorkerGroup: a worker group whose ranks are Ray actors in a resource pool."""
+"""RayWorkerGroup: a worker group whose ranks are Ray actors in a resource pool.
+
+Besides starting workers in a pool it attaches to running ones (``from_detached``), gives
+one group per role of colocated and fused workers (``spawn``, ``spawn_fused``, ``fuse``;
+the role logic is in :mod:`single_controller.ray.colocated` and
+:mod:`single_controller.ray.fused`), and can abort the driver when a worker dies
+(``start_worker_aliveness_check``, :mod:`single_controller.ray.aliveness`).
+"""
 
 from __future__ import annotations
 
+import copy
 import random
 import string
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -15,12 +22,13 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from single_controller.base.worker_group import (
     ClassWithInitArgs,
+    Collector,
     SubmitError,
     WorkerGroup,
-    unpad_output,
     user_class,
 )
 from single_controller.batch import is_batch
+from single_controller.protocol_future import DataProtoFuture
 from single_controller.ray.resource_pool import RayResourcePool
 from single_controller.rendezvous import pick_rendezvous
 
@@ -84,8 +92,8 @@ def _rendezvous_task() -> tuple[str, int]:
 
 
 @ray.remote(num_cpus=0)
-def _collect_task(collect_fn: Callable, layout: GroupLayout, padding: int, *outputs: Any) -> Any:
-    return unpad_output(collect_fn(layout, list(outputs)), padding)
+def _collect_task(collector: Collector, *outputs: Any) -> Any:
+    return collector(list(outputs))
 
 
 class RankCoords(NamedTuple):
@@ -147,32 +155,65 @@ class RayWorkerGroup(WorkerGroup):
         name_prefix: str | None = None,
         detached: bool = False,
         worker_names: list[str] | None = None,
+        worker_handles: list[Any] | None = None,
         startup_timeout_s: float = 300.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(resource_pool=resource_pool, **kwargs)
-        if ray_cls_with_init is None:
+        attach = worker_names is not None or worker_handles is not None
+        if ray_cls_with_init is None and not attach:
             raise ValueError("RayWorkerGroup needs ray_cls_with_init (a RayClassWithInitArgs)")
         self.ray_cls_with_init = ray_cls_with_init
         self.resource_pool = resource_pool
         self.name_prefix = name_prefix if name_prefix is not None else _random_prefix()
+        self.startup_timeout_s = float(startup_timeout_s)
         #: Seconds a blocking call waits for its outputs (None: no limit).
         self.get_timeout_s: float | None = None
         #: Objects put in the object store once to be shared by several ranks.
         self.object_store_puts = 0
         self._rank_info_cache: list[dict[str, Any]] | None = None
-        #: Set on a role's group spawned from colocated workers: its methods' prefix.
+        #: Set on a role's group spawned from colocated or fused workers: its methods' prefix.
         self._method_prefix = ""
-        #: What every role's group on these processes shares: the compiled graph, and
-        #: each rank's latest plain call while one exists (compiled calls wait for it).
-        self._shared: dict[str, Any] = {"compiled": None, "pending": {}}
-        if worker_names is not None:
-            self._attach_detached_workers(worker_names)
+        #: What every role's group on these processes shares: the compiled graph, each
+        #: rank's latest plain call while one exists (compiled calls wait for it), and the
+        #: aliveness check.
+        self._shared: dict[str, Any] = {"compiled": None, "pending": {}, "aliveness": None}
+        #: verl's fused-worker state: whether the class is a fused worker, and the role
+        #: groups ``fuse`` made (also reachable as ``group.<role>``).
+        self.fused_worker_used = bool(getattr(ray_cls_with_init, "fused_worker_used", False))
+        self.wg_dict: dict[str, RayWorkerGroup] | None = None
+        #: On a fused role's group: the role it addresses (verl's name).
+        self.sub_cls_name = ""
+        if attach:
+            self._attach_detached_workers(worker_names, worker_handles)
         elif resource_pool is None:
             raise ValueError("RayWorkerGroup needs a resource_pool (or worker_names of running workers)")
         else:
             self._start_workers(resource_pool, ray_cls_with_init, bin_pack, detached, startup_timeout_s)
-        self._bind_worker_method(ray_cls_with_init.cls)
+        if ray_cls_with_init is not None:
+            self._bind_worker_method(ray_cls_with_init.cls)
+
+    @classmethod
+    def from_detached(
+        cls,
+        name_prefix: str | None = None,
+        worker_names: list[str] | None = None,
+        worker_handles: list[Any] | None = None,
+        ray_cls_with_init: RayClassWithInitArgs | None = None,
+        **kwargs: Any,
+    ) -> RayWorkerGroup:
+        """A group over workers that are already running, found by their actor names
+        (``group.worker_names`` of the group that started them, from any process of the
+        cluster) or given as handles. With ``ray_cls_with_init`` its registered methods
+        are bound as on the original group. The workers stay when this group is dropped."""
+        return cls(
+            resource_pool=None,
+            ray_cls_with_init=ray_cls_with_init,
+            name_prefix=name_prefix,
+            worker_names=worker_names,
+            worker_handles=worker_handles,
+            **kwargs,
+        )
 
     # -- start-up -------------------------------------------------------------------
     def _start_workers(
@@ -205,6 +246,8 @@ class RayWorkerGroup(WorkerGroup):
                     "RANK": str(rank),
                     "LOCAL_RANK": str(local_rank),
                     "LOCAL_WORLD_SIZE": str(local_world_size),
+                    "RAY_LOCAL_RANK": str(local_rank),
+                    "RAY_LOCAL_WORLD_SIZE": str(local_world_size),
                     "MASTER_ADDR": master_addr,
                     "MASTER_PORT": str(master_port),
                     "WG_PREFIX": self.name_prefix,
@@ -230,42 +273,83 @@ class RayWorkerGroup(WorkerGroup):
             self.shutdown()
             raise
 
-    def _attach_detached_workers(self, worker_names: list[str]) -> None:
+    def _attach_detached_workers(self, worker_names: list[str] | None, worker_handles: list[Any] | None) -> None:
+        if worker_handles is not None:
+            # Handles keep the actors referenced; names alone (ray.get_actor) do not.
+            if worker_names is not None and len(worker_names) != len(worker_handles):
+                raise ValueError(
+                    f"from_detached: {len(worker_names)} worker_names for {len(worker_handles)} worker_handles"
+                )
+            self._workers = list(worker_handles)
+            self._worker_names = list(worker_names) if worker_names is not None else [""] * len(worker_handles)
+            return
         self._workers = [ray.get_actor(name) for name in worker_names]
         self._worker_names = list(worker_names)
 
-    # -- colocated roles -------------------------------------------------------------
+    # -- colocated and fused roles ---------------------------------------------------
     def spawn(self, prefix_set: Any) -> dict[str, RayWorkerGroup]:
-        """One group per role of a group started from ``create_colocated_worker_cls``.
+        """One group per role of a group started from ``create_colocated_worker_cls`` (or,
+        for a fused worker class, :meth:`spawn_fused`). Each role's group has that role's
+        methods under their own names and sends them to the shared processes, in one
+        order with every other role's calls."""
+        if self.fused_worker_used:
+            return self.spawn_fused(prefix_set)
+        from single_controller.ray.colocated import spawn_colocated_roles
 
-        Each role's group has that role's methods under their own names and sends them
-        to the shared processes, in one order with every other role's calls."""
-        roles = getattr(self.ray_cls_with_init, "roles", None)
-        if roles is None:
-            raise ValueError("spawn needs a group started from create_colocated_worker_cls(...)")
-        wanted = list(prefix_set)
-        unknown = [role for role in wanted if role not in roles]
-        if unknown:
-            raise ValueError(f"unknown roles {unknown}; this group holds {sorted(roles)}")
-        prefix = self.ray_cls_with_init.method_prefix
-        return {role: self._role_group(prefix(role), roles[role]) for role in wanted}
+        return spawn_colocated_roles(self, prefix_set)
 
-    def _role_group(self, method_prefix: str, cls_with_init: RayClassWithInitArgs) -> RayWorkerGroup:
-        view = RayWorkerGroup.__new__(RayWorkerGroup)
-        WorkerGroup.__init__(view, resource_pool=self.resource_pool)
-        view._workers = self._workers
-        view._worker_names = self._worker_names
-        view._submit_lock = self._submit_lock  # one order per process, across roles
+    def spawn_fused(self, prefix_set: Any) -> dict[str, RayWorkerGroup]:
+        """One group per role of a fused worker class (``create_colocated_worker_cls_fused``)."""
+        from single_controller.ray.fused import spawn_fused_roles
+
+        return spawn_fused_roles(self, prefix_set)
+
+    def fuse(self, prefix_set: Any) -> None:
+        """verl's fused-worker access: afterwards ``group.<role>`` is the role's group
+        (``group.actor.add(x)``), and the fused class's own methods stay on ``group``."""
+        from single_controller.ray.fused import fuse_roles
+
+        fuse_roles(self, prefix_set)
+
+    def role_view(self, method_prefix: str, cls_with_init: ClassWithInitArgs) -> RayWorkerGroup:
+        """A group of the same class on the same processes that calls ``cls_with_init``'s
+        methods under ``method_prefix`` (a colocated or fused role). It shares this group's
+        workers, call order, compiled graph and aliveness check; not its bound methods."""
+        view = copy.copy(self)
+        for name in [*self._method_specs, *(self.wg_dict or {})]:
+            view.__dict__.pop(name, None)
+        view._method_specs = {}
         view.ray_cls_with_init = cls_with_init
-        view.resource_pool = self.resource_pool
-        view.name_prefix = self.name_prefix
-        view.get_timeout_s = self.get_timeout_s
-        view.object_store_puts = 0
-        view._rank_info_cache = None
         view._method_prefix = method_prefix
-        view._shared = self._shared
+        view.fused_worker_used = False
+        view.wg_dict = None
+        view._rank_info_cache = None
+        view.object_store_puts = 0
         view._bind_worker_method(cls_with_init.cls)
         return view
+
+    # -- aliveness --------------------------------------------------------------------
+    def start_worker_aliveness_check(self, every_n_seconds: float = 1) -> None:
+        """verl's fail-fast: wait until every worker is alive, then check every
+        ``every_n_seconds`` (from Ray's actor states, so a busy worker is not taken for a
+        dead one) and raise SIGABRT in this process when one is not. For drivers that
+        cannot go on without a worker; :meth:`shutdown` stops it first."""
+        from single_controller.ray.aliveness import AlivenessCheck, wait_until_alive
+
+        self.stop_worker_aliveness_check()
+        wait_until_alive(self._workers, timeout_s=self.startup_timeout_s)
+        self._shared["aliveness"] = AlivenessCheck(self._workers, every_n_seconds).start()
+
+    def stop_worker_aliveness_check(self) -> None:
+        """Stop the aliveness check of these processes, if one runs."""
+        check, self._shared["aliveness"] = self._shared.get("aliveness"), None
+        if check is not None:
+            check.stop()
+
+    def _is_worker_alive(self, worker: Any) -> bool:
+        from single_controller.ray.aliveness import is_actor_alive
+
+        return is_actor_alive(worker)
 
     # -- transport ------------------------------------------------------------------
     def _submit(self, rank: int, method: str, args: tuple, kwargs: dict) -> Any:
@@ -273,7 +357,8 @@ class RayWorkerGroup(WorkerGroup):
         try:
             remote_method = getattr(worker, self._method_prefix + method)
         except AttributeError:
-            cls_name = user_class(self.ray_cls_with_init.cls).__name__
+            cls = self.ray_cls_with_init.cls if self.ray_cls_with_init is not None else type(worker)
+            cls_name = user_class(cls).__name__
             raise AttributeError(f"worker class {cls_name} has no method {method!r}") from None
         future = remote_method.remote(*args, **kwargs)
         if self._shared["compiled"] is not None:
@@ -312,16 +397,27 @@ class RayWorkerGroup(WorkerGroup):
     def _wait(self, futures: Any) -> Any:
         return ray.get(futures, timeout=self.get_timeout_s)
 
-    def _collect_later(self, collect_fn: Callable, futures: Any, padding: int) -> Any:
-        outputs = futures if isinstance(futures, list) else [futures]
-        return _collect_task.remote(collect_fn, self.layout(), padding, *outputs)
+    def _collect_later(self, collector: Collector, futures: list[Any], as_dataproto: bool) -> Any:
+        """A DataProtoFuture (collected where ``get()`` runs) for a DataProto call; else
+        an ObjectRef of a Ray task that collects where the values are."""
+        if as_dataproto:
+            return DataProtoFuture(collect_fn=collector, futures=futures)
+        return _collect_task.remote(collector, *futures)
 
     # -- introspection and health -----------------------------------------------------
     def layout(self) -> GroupLayout:
-        """What dispatch functions read from this group, as a picklable snapshot."""
-        return GroupLayout(
+        """What dispatch and collect functions read from this group, as a picklable
+        snapshot: world size, micro-dp size, and for a group that reports a Megatron
+        layout (``get_megatron_rank_info``) every rank's tp/dp/pp/cp coordinates and sizes."""
+        layout = GroupLayout(
             world_size=self.world_size, micro_dp_group_size=getattr(self, "micro_dp_group_size", 1)
         )
+        rank_info = getattr(self, "get_megatron_rank_info", None)
+        if rank_info is not None:
+            layout.rank_infos = [RankCoords.of(rank_info(rank)) for rank in range(self.world_size)]
+            for size in ("tp_size", "dp_size", "pp_size", "cp_size"):
+                setattr(layout, size, int(getattr(self, size, 1) or 1))
+        return layout
 
     def rank_info(self, refresh: bool = False) -> list[dict[str, Any]]:
         """Per rank: rank, local rank, node, pid, CUDA_VISIBLE_DEVICES, device, actor name and id."""
@@ -354,7 +450,9 @@ class RayWorkerGroup(WorkerGroup):
             compiled.teardown()
 
     def shutdown(self) -> None:
-        """Kill this group's actors (the pool's placement groups stay for other groups)."""
+        """Kill this group's actors (the pool's placement groups stay for other groups),
+        after stopping the aliveness check, which would otherwise take that for a death."""
+        self.stop_worker_aliveness_check()
         try:
             self._teardown_compiled()
         except Exception:  # the graph's actors may be gone already

@@ -19,7 +19,7 @@ from single_controller.base.decorator import (
     register,
     register_dispatch_mode,
 )
-from single_controller.base.dispatch import resolve_dispatch_mode
+from single_controller.base.dispatch_registry import resolve_dispatch_mode
 
 
 @dataclass

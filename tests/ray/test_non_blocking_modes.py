@@ -1,0 +1,121 @@
+"""Every dispatch mode called with ``blocking=False`` on a real group answers what the
+blocking call answers once its futures are collected (issue 11: the Megatron PROTO modes
+failed when collected, their layout snapshot lacking the tp/dp/pp coordinates): on a
+group that reports a 3D layout (tp=2, dp=1, pp=2 over 4 ranks, tp fastest, then dp, then
+pp) and on a MegatronRayWorkerGroup. DataProto batches: tests/ray/test_verl_api.py."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+import torch
+from tensordict import TensorDict
+
+from single_controller.base.decorator import Dispatch, register
+from single_controller.megatron.worker import MegatronWorker
+from single_controller.ray import MegatronRayWorkerGroup, RayClassWithInitArgs, RayResourcePool
+from tests.ray.test_worker_group import LayoutGroup, ModeWorker
+
+
+def shifted(batch: TensorDict, rank: int) -> TensorDict:
+    """The batch's rows moved by ``100 * rank``."""
+    return TensorDict({"x": batch["x"] + 100 * rank}, batch_size=batch.batch_size)
+
+
+@ray.remote
+class EveryMode(ModeWorker.__ray_actor_class__):
+    """test_worker_group's ModeWorker, with the modes it lacks."""
+
+    @register(Dispatch.RANK_ZERO)
+    def rank_zero_mode(self, x):
+        return (self.rank, x)
+
+    @register(Dispatch.MEGATRON_PP_AS_DP_PROTO)
+    def pp_as_dp_rows(self, batch):
+        return shifted(batch, self.rank)
+
+
+def tensordict(n: int) -> TensorDict:
+    return TensorDict({"x": torch.arange(float(n))}, batch_size=[n])
+
+
+def resolve(answer):
+    """A non-blocking answer's value: an ObjectRef's, or each of a list's."""
+    if isinstance(answer, ray.ObjectRef):
+        return ray.get(answer, timeout=120)
+    if isinstance(answer, list):
+        return [resolve(item) for item in answer]
+    return answer
+
+
+def same(a, b) -> bool:
+    if isinstance(a, TensorDict):
+        return isinstance(b, TensorDict) and torch.equal(a["x"], b["x"])
+    return a == b
+
+
+#: (method, arguments) for every mode; batches of 6 rows pad where the mode splits by 4 or 2.
+CALLS = [
+    ("one_to_all", lambda: (7,)),
+    ("all_to_all", lambda: (["a", "b", "c", "d"],)),
+    ("rank_zero", lambda: ("z",)),
+    ("rank_zero_mode", lambda: (["p", "q", "r", "s"],)),
+    ("dp_compute", lambda: ([10, 11, 12, 13],)),
+    ("dp_proto", lambda: (tensordict(6),)),
+    ("megatron_compute", lambda: (["dp0"],)),
+    ("megatron_proto", lambda: (tensordict(3),)),
+    ("pp_as_dp", lambda: (["stage0", "stage1"],)),
+    ("pp_as_dp_rows", lambda: (tensordict(5),)),
+    ("pp_only", lambda: ("w",)),
+    ("micro_dp", lambda: (tensordict(3),)),
+]
+
+
+@pytest.fixture(scope="module")
+def layout_group(ray_cluster):
+    pool = RayResourcePool([4], use_gpu=False, name_prefix="nonblocking")
+    group = LayoutGroup(pool, RayClassWithInitArgs(cls=EveryMode))
+    group.set_layout(tp=2, dp=1, pp=2, micro_dp_group_size=2)
+    yield group
+    group.shutdown()
+    pool.remove()
+
+
+@pytest.mark.parametrize("method, make_args", CALLS, ids=[f"{m}-{i}" for i, (m, _) in enumerate(CALLS)])
+def test_non_blocking_answers_what_blocking_answers(layout_group, method, make_args):
+    expected = layout_group.call_method(method, *make_args())
+    answer = layout_group.call_method(method, *make_args(), blocking=False)
+    assert same(resolve(answer), expected)
+
+
+def test_the_layout_snapshot_carries_the_coordinates(layout_group):
+    layout = layout_group.layout()
+    assert (layout.tp_size, layout.dp_size, layout.pp_size, layout.micro_dp_group_size) == (2, 1, 2, 2)
+    assert [(c.tp_rank, c.dp_rank, c.pp_rank) for c in layout.rank_infos] == [(0, 0, 0), (1, 0, 0), (0, 0, 1), (1, 0, 1)]
+
+
+@ray.remote
+class MegatronRows(MegatronWorker):
+    @register(Dispatch.MEGATRON_COMPUTE_PROTO, blocking=False)
+    def forward(self, batch):
+        return shifted(batch, self.get_megatron_rank_info().dp_rank)
+
+    @register(Dispatch.MEGATRON_PP_AS_DP_PROTO, blocking=False)
+    def forward_pp(self, batch):
+        return shifted(batch, self.get_megatron_rank_info().dp_rank)
+
+
+def test_megatron_proto_modes_non_blocking_on_a_megatron_group(ray_cluster):
+    pool = RayResourcePool([4], use_gpu=False, name_prefix="megatron_nonblocking")
+    group = MegatronRayWorkerGroup(
+        pool, RayClassWithInitArgs(MegatronRows), default_megatron_kwargs={"tensor_model_parallel_size": 2}
+    )
+    try:
+        assert (group.tp_size, group.dp_size, group.pp_size) == (2, 2, 1)
+        # dp rank 0 gets rows 0-1, dp rank 1 rows 2-3 (moved by 100); 3 rows pad to 4
+        assert ray.get(group.forward(tensordict(4)), timeout=120)["x"].tolist() == [0.0, 1.0, 102.0, 103.0]
+        assert ray.get(group.forward(tensordict(3)), timeout=120)["x"].tolist() == [0.0, 1.0, 102.0]
+        assert ray.get(group.forward_pp(tensordict(4)), timeout=120)["x"].tolist() == [0.0, 1.0, 102.0, 103.0]
+    finally:
+        group.shutdown()
+        pool.remove()
