@@ -58,8 +58,8 @@ UP_TO_CUDA = "test_worker_group_basics.py"
 ABORTS = "check_worker_alive/main.py"
 #: Not run here, and why.
 NOT_RUN = {
-    "test_worker_group_torch.py": "needs CUDA GPUs (NCCL all-reduce on cuda tensors)",
-    "test_ray_collectives.py": "needs CUDA GPUs (NCCL collectives)",
+    "test_worker_group_torch.py": "needs CUDA GPUs (torch.distributed on cuda tensors)",
+    "test_ray_collectives.py": "needs CUDA GPUs (NCCL collectives through ray.util.collective)",
     "test_rvdz.py": "needs CUDA GPUs and verl.utils.rendezvous (outside the import table)",
     "detached_worker/": "needs CUDA GPUs and verl's models and Megatron utilities (outside the import table)",
 }

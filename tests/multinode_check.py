@@ -10,7 +10,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# This script's folder (tests/) holds a package named 'ray' (tests/ray), which would hide
+# Ray itself: the repository root takes the folder's place on the path.
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import ray  # noqa: E402
 import torch  # noqa: E402

@@ -112,6 +112,24 @@ def build_roles(owner: Worker, class_dict: dict[str, tuple[type, tuple, dict]]) 
     return roles
 
 
+def select_roles(prefix_set: Any, roles: dict[str, Any], holder: str) -> list[str]:
+    """The roles ``prefix_set`` names, in its order; ``ValueError`` naming unknown ones."""
+    wanted = list(prefix_set)
+    unknown = [role for role in wanted if role not in roles]
+    if unknown:
+        raise ValueError(f"unknown roles {unknown}; this {holder} holds {sorted(roles)}")
+    return wanted
+
+
+def worker_class(name: str, attributes: dict[str, Any], module: str) -> type:
+    """A ``Worker`` subclass built from ``attributes``, named ``name`` in ``module`` (Ray
+    pickles it by value: it is not reachable by that name in the module)."""
+    cls = type(name, (Worker,), attributes)
+    cls.__module__ = module
+    cls.__qualname__ = name
+    return cls
+
+
 def merged_options(roles: dict[str, RayClassWithInitArgs]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for role, cls_with_init in roles.items():
@@ -143,9 +161,7 @@ def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> 
     attributes["__init__"] = __init__
     attributes["__doc__"] = f"Colocated roles: {', '.join(class_dict)}."
     name = "Colocated_" + "_".join(cls.__name__ for cls in plain_roles.values())
-    fused = type(name, (Worker,), attributes)
-    fused.__module__ = __name__
-    fused.__qualname__ = name
+    fused = worker_class(name, attributes, __name__)
     colocated = ColocatedClassWithInitArgs(ray.remote(fused), dict(class_dict))
     colocated.update_options(merged_options(class_dict))
     return colocated
@@ -156,9 +172,5 @@ def spawn_colocated_roles(group: RayWorkerGroup, prefix_set: Any) -> dict[str, R
     roles = getattr(group.ray_cls_with_init, "roles", None)
     if roles is None:
         raise ValueError("spawn needs a group started from create_colocated_worker_cls(...)")
-    wanted = list(prefix_set)
-    unknown = [role for role in wanted if role not in roles]
-    if unknown:
-        raise ValueError(f"unknown roles {unknown}; this group holds {sorted(roles)}")
     prefix = ColocatedClassWithInitArgs.method_prefix
-    return {role: group.role_view(prefix(role), roles[role]) for role in wanted}
+    return {role: group.role_view(prefix(role), roles[role]) for role in select_roles(prefix_set, roles, "group")}

@@ -25,7 +25,14 @@ import ray
 
 from single_controller.base import Worker
 from single_controller.base.worker_methods import user_class
-from single_controller.ray.colocated import build_roles, check_roles, merged_options, role_forwarders
+from single_controller.ray.colocated import (
+    build_roles,
+    check_roles,
+    merged_options,
+    role_forwarders,
+    select_roles,
+    worker_class,
+)
 from single_controller.ray.worker_group import RayClassWithInitArgs, RayWorkerGroup
 
 #: The fused class's name starts with this, then the role names (verl's naming).
@@ -91,10 +98,7 @@ def create_colocated_worker_raw_cls(class_dict: dict[str, RayClassWithInitArgs])
         is_fused_worker=True,
         raw_cls_dict=dict(plain_roles),
     )
-    fused = type(name, (Worker,), attributes)
-    fused.__module__ = __name__
-    fused.__qualname__ = name
-    return fused
+    return worker_class(name, attributes, __name__)
 
 
 def create_colocated_worker_cls_fused(class_dict: dict[str, RayClassWithInitArgs]) -> RayClassWithInitArgs:
@@ -119,12 +123,8 @@ def spawn_fused_roles(group: RayWorkerGroup, prefix_set: Any) -> dict[str, RayWo
     """One group per role in ``prefix_set``, each binding that role's registered methods
     and calling them on the fused processes."""
     roles = _raw_roles(group)
-    wanted = list(prefix_set)
-    unknown = [role for role in wanted if role not in roles]
-    if unknown:
-        raise ValueError(f"unknown roles {unknown}; this fused worker holds {sorted(roles)}")
     views = {}
-    for role in wanted:
+    for role in select_roles(prefix_set, roles, "fused worker"):
         view = group.role_view(fused_method_name(role, ""), RayClassWithInitArgs(roles[role]))
         view.sub_cls_name = role
         views[role] = view

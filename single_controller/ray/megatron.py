@@ -22,6 +22,8 @@ class MegatronRayWorkerGroup(RayWorkerGroup):
 
     #: Whether the group calls ``init_megatron`` on workers it starts.
     _initialises_megatron = True
+    #: Set after the workers' methods are bound, so no worker method may take them.
+    _reserved = RayWorkerGroup._reserved | {"default_megatron_kwargs", "micro_dp_group_size"}
 
     def __init__(
         self,
