@@ -1,7 +1,8 @@
 """Turning a call's HTTP body into arguments, and a call's output into a body.
 
 JSON bodies are ``{"args": [...], "kwargs": {...}}`` with tensors as OIP tensor
-objects; safetensors bodies carry keyword tensors (list items as ``name.0``, ...).
+objects; safetensors bodies carry keyword tensors (list items as ``name.0``, ...) and
+DataProtos (their tensors as ``name@key``, the rest as JSON in the metadata; wire.dataproto).
 Client bytes are only ever parsed as JSON or safetensors, never unpickled, and every
 decoder works within the service's ``limits`` (wire.limits).
 """
@@ -18,7 +19,7 @@ from app.schemas import CallRequest
 from wire.errors import WireError
 from wire.json_tensors import check_json_output, decode_json_value, encode_json_value
 from wire.limits import DEFAULT_LIMITS, WireLimits
-from wire.safetensors_call import decode_safetensors, encode_safetensors, pack_output, unpack_call
+from wire.safetensors_call import decode_call_body, encode_output_body
 from wire.strict_json import dumps_compact, loads_strict
 
 
@@ -27,7 +28,7 @@ def parse_call_body(kind: str, body: bytes, limits: WireLimits = DEFAULT_LIMITS)
     by the route), tensors decoded to torch."""
     if kind == SAFETENSORS:
         try:
-            return [], unpack_call(decode_safetensors(body, limits))
+            return [], decode_call_body(body, limits)
         except WireError as exc:
             raise ApiError(400, f"bad safetensors body: {exc}") from None
     try:
@@ -52,9 +53,9 @@ def wants_safetensors(accept: str | None) -> bool:
     return SAFETENSORS in (accept or "").lower()
 
 
-def output_as_safetensors(output: Any) -> bytes:
+def output_as_safetensors(output: Any, limits: WireLimits = DEFAULT_LIMITS) -> bytes:
     try:
-        return encode_safetensors(pack_output(output))
+        return encode_output_body(output, limits)
     except WireError as exc:
         raise ApiError(406, f"output cannot be sent as safetensors ({exc}); ask for {JSON}") from None
 
@@ -65,7 +66,7 @@ def call_answer_body(
     """The body and media type answering a call: safetensors when asked for, else JSON
     (refused past ``limits.max_json_output_values`` values, pointing to safetensors)."""
     if wants_safetensors(accept):
-        return output_as_safetensors(output), SAFETENSORS
+        return output_as_safetensors(output, limits), SAFETENSORS
     try:
         check_json_output(output, limits)
     except WireError as exc:

@@ -21,9 +21,10 @@ import httpx
 import numpy as np
 import torch
 
+from wire.dataproto import is_dataproto
 from wire.json_tensors import decode_json_value, encode_json_value
 from wire.oip_messages import HEADER_LENGTH, build_infer_request, parse_header_length, parse_infer_response
-from wire.safetensors_call import decode_safetensors, encode_safetensors, pack_call, unpack_output
+from wire.safetensors_call import decode_output_body, encode_call_body
 from wire.strict_json import dumps_compact
 
 __all__ = [
@@ -197,7 +198,7 @@ def _call_answer(group: str, method: str, response: httpx.Response) -> dict[str,
     output, so its dispatch_mode, execute_mode and world_size are None."""
     _check(response)
     if _media_type(response) == SAFETENSORS_TYPE:
-        output = unpack_output(decode_safetensors(response.content))
+        output = decode_output_body(response.content)
         return {
             "group": group, "method": method, "dispatch_mode": None, "execute_mode": None, "world_size": None,
             "output": output,
@@ -243,7 +244,7 @@ def _call_request(
             raise ValueError(
                 "a binary (safetensors) call carries keyword arguments only: pass them by name, e.g. x=[x]"
             )
-        content = encode_safetensors(pack_call(kwargs))
+        content = encode_call_body(kwargs)
         headers["Content-Type"] = SAFETENSORS_TYPE
     else:
         content = dumps_compact({"args": encode_json_value(list(args)), "kwargs": encode_json_value(dict(kwargs))})
@@ -452,7 +453,11 @@ class ClientAPI:
         idempotency_key: str | None = None,
         timeout: float | None = None,
     ) -> Any:
-        """:meth:`call` with the method's arguments given as a sequence and a mapping."""
+        """:meth:`call` with the method's arguments given as a sequence and a mapping. A
+        DataProto argument (verl's batch type; by keyword) always travels as safetensors,
+        and a DataProto answer comes back as one."""
+        if any(is_dataproto(value) for value in (kwargs or {}).values()):
+            binary = True
         request = _call_request(
             f"/v1/groups/{_segment(group)}/{_segment(method)}", args, kwargs or {}, binary,
             binary if binary_output is None else binary_output, idempotency_key, timeout,

@@ -188,16 +188,17 @@ class GroupController:
                 state.journal.abort(entry)
 
     def _submit_failed(self, state: GroupState, method: str, exc: Exception) -> ControllerError:
-        if isinstance(exc, DispatchError):  # raised before anything was sent
+        if isinstance(exc, SubmitError):
+            # Some ranks got the call and others did not: their state (and the order of any
+            # collective they run) no longer match, so the group is restored from the journal.
+            self.supervisor.recover(state.unit, f"{state.name}.{method} reached some ranks only: {first_line(exc)}")
+            return self._unavailable(state, f"submitting {method} to group {state.name!r} failed part way")
+        # Nothing was sent.
+        if isinstance(exc, DispatchError):
             return _error(ErrorKind.BAD_ARGUMENTS, str(exc))
-        if isinstance(exc, SubmitError) and exc.submitted == 0:
-            if isinstance(exc.cause, (TypeError, ValueError)):  # arguments that do not serialise
-                return _error(ErrorKind.BAD_ARGUMENTS, f"{method}: {failure_of(exc.cause)[1]}")
-            return self._unavailable(state, f"{method} could not be submitted ({type(exc.cause).__name__})")
-        # Some ranks got the call and others did not: their state (and the order of any
-        # collective they run) no longer match, so the group is restored from the journal.
-        self.supervisor.recover(state.unit, f"{state.name}.{method} reached some ranks only: {first_line(exc)}")
-        return self._unavailable(state, f"submitting {method} to group {state.name!r} failed part way")
+        if isinstance(exc, (TypeError, ValueError)):  # a signature or serialisation mismatch
+            return _error(ErrorKind.BAD_ARGUMENTS, f"{method}: {failure_of(exc)[1]}")
+        return self._unavailable(state, f"{method} could not be submitted ({type(exc).__name__})")
 
     def _unavailable(self, state: GroupState, why: str | None = None) -> ControllerError:
         message = why or f"group {state.name!r} is {state.status}"

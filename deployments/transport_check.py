@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import ray
 import torch
 
@@ -19,7 +20,8 @@ MAX_SLEEP_S = 60.0
 class TransportCheckActor(TestActor.__ray_actor_class__):
     """TestActor(x) with ``record``/``history`` (a method that does not commute, so the
     order calls reach each rank can be checked), ``sleep`` (a slow call), ``echo`` and
-    ``checksum`` (a tensor round trip, and a tensor in with 8 bytes out)."""
+    ``checksum`` (a tensor round trip, and a tensor in with 8 bytes out), and ``score``
+    (verl's DataProto in and out)."""
 
     def __init__(self, x) -> None:
         super().__init__(x)
@@ -54,3 +56,18 @@ class TransportCheckActor(TestActor.__ray_actor_class__):
         """``x``'s sum (in float64) as a one-element tensor from rank 0: a tensor in,
         a few bytes out, for upload bandwidth checks."""
         return x.to(torch.float64).sum().reshape(1)
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def score(self, data):
+        """verl's batch type through a PROTO method (each rank gets its rows): ``y`` is
+        ``x`` times this actor's ``x``, a ``rank`` column says which rank scored each row,
+        the other non-tensor columns and ``meta_info`` come back with the world size."""
+        from single_controller.protocol import DataProto
+
+        ranks = np.empty(len(data), dtype=object)
+        ranks[:] = self.rank
+        return DataProto.from_dict(
+            tensors={"y": data.batch["x"] * self._x},
+            non_tensors={**data.non_tensor_batch, "rank": ranks},
+            meta_info={**data.meta_info, "world_size": self.world_size},
+        )

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from wire.dataproto import JSON_MARKER, build_dataproto, dataproto_document, is_dataproto
 from wire.dtypes import DATATYPE_OF, check_shape, numpy_to_torch, plain_cpu, torch_dtype
 from wire.errors import WireError
 from wire.limits import DEFAULT_LIMITS, WireLimits
@@ -247,11 +248,23 @@ def decode_json_value(value: Any, where: str = "value", limits: WireLimits = DEF
 def _decode(value: Any, where: str, limits: WireLimits) -> Any:
     if is_json_tensor(value):
         return json_to_tensor(value, where, limits)
+    if isinstance(value, Mapping) and set(value) == {JSON_MARKER}:
+        return _decode_dataproto(value[JSON_MARKER], where, limits)
     if isinstance(value, list):
         return [_decode(v, f"{where}[{i}]", limits) for i, v in enumerate(value)]
     if isinstance(value, Mapping):
         return {k: _decode(v, f"{where}.{k}", limits) for k, v in value.items()}
     return value
+
+
+def _decode_dataproto(document: Any, where: str, limits: WireLimits) -> Any:
+    """A DataProto from its JSON form: the document with ``batch`` mapping each tensor's
+    name to its tensor object."""
+    if not isinstance(document, Mapping) or not isinstance(document.get("batch"), Mapping):
+        raise WireError(f"{where}: a DataProto's batch must map names to tensor objects")
+    batch = document["batch"]
+    tensors = {name: json_to_tensor(obj, f"{where}.batch.{name}", limits) for name, obj in batch.items()}
+    return build_dataproto({**document, "batch": list(batch)}, tensors, where, limits)
 
 
 # -- encoding ----------------------------------------------------------------------------
@@ -333,6 +346,10 @@ def _encode(value: Any, where: str, depth: int, max_depth: int) -> Any:
         return _non_finite_out(float(value))
     if isinstance(value, torch.Tensor):
         return tensor_to_json(plain_cpu(value, where))
+    if is_dataproto(value):
+        document, tensors = dataproto_document(value, where)
+        batch = {name: tensor_to_json(plain_cpu(tensor, f"{where}.batch.{name}")) for name, tensor in tensors.items()}
+        return {JSON_MARKER: {**document, "batch": batch}}
     if isinstance(value, np.ndarray):
         if value.dtype.kind in "biuf":
             return tensor_to_json(numpy_to_torch(value, where))
@@ -368,6 +385,11 @@ def json_value_count(
             continue
         if isinstance(node, np.ndarray):
             count += node.size - 1
+            continue
+        if is_dataproto(node):
+            batch = [] if node.batch is None else [node.batch[k] for k in node.batch.keys()]
+            count += sum(t.numel() for t in batch if isinstance(t, torch.Tensor))
+            count += sum(a.size for a in node.non_tensor_batch.values())
             continue
         if isinstance(node, Mapping):
             children: Any = node.values()

@@ -22,14 +22,19 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from wire.dataproto import MEMBER, build_dataproto, dataproto_document, is_dataproto
 from wire.dtypes import check_shape, datatype_of, numpy_to_torch, plain_cpu
 from wire.errors import WireError
 from wire.json_tensors import is_json_tensor, json_to_tensor, type_name
 from wire.limits import DEFAULT_LIMITS, WireLimits
-from wire.strict_json import loads_strict
+from wire.strict_json import dumps_compact, loads_strict
 
 __all__ = [
+    "decode_call_body",
+    "decode_output_body",
     "decode_safetensors",
+    "encode_call_body",
+    "encode_output_body",
     "encode_safetensors",
     "pack_call",
     "pack_output",
@@ -82,9 +87,8 @@ def _check_header(header: Any, limits: WireLimits) -> None:
             check_shape(entry["shape"], f"safetensors tensor {name!r:.100}", limits)
 
 
-def decode_safetensors(body: bytes, limits: WireLimits = DEFAULT_LIMITS) -> dict[str, torch.Tensor]:
-    """Named tensors of a safetensors body; a truncated or malformed body, one over
-    ``limits``, or a dtype without a wire datatype raises :class:`WireError`."""
+def _read(body: bytes, limits: WireLimits) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The named tensors of a safetensors body and its string metadata."""
     from safetensors.torch import load
 
     body = bytes(body)
@@ -95,7 +99,11 @@ def decode_safetensors(body: bytes, limits: WireLimits = DEFAULT_LIMITS) -> dict
         raise WireError(
             f"safetensors header claims {header_length} bytes but the body has {len(body) - 8} after the length"
         )
-    _check_header(loads_strict(body[8 : 8 + header_length], "safetensors header", limits), limits)
+    header = loads_strict(body[8 : 8 + header_length], "safetensors header", limits)
+    _check_header(header, limits)
+    metadata = header.get(_METADATA) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise WireError("safetensors metadata must map names to strings")
     try:
         named = load(body)
     except (KeyboardInterrupt, SystemExit):
@@ -104,7 +112,38 @@ def decode_safetensors(body: bytes, limits: WireLimits = DEFAULT_LIMITS) -> dict
         raise WireError(f"invalid safetensors body: {exc}") from None
     for name, tensor in named.items():
         datatype_of(tensor.dtype, f"safetensors tensor {name!r}")
-    return named
+    return named, metadata
+
+
+def decode_safetensors(body: bytes, limits: WireLimits = DEFAULT_LIMITS) -> dict[str, torch.Tensor]:
+    """Named tensors of a safetensors body; a truncated or malformed body, one over
+    ``limits``, or a dtype without a wire datatype raises :class:`WireError`."""
+    return _read(body, limits)[0]
+
+
+def _dataprotos(
+    named: Mapping[str, torch.Tensor], metadata: Mapping[str, str], limits: WireLimits
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split a body's tensors into plain ones and the DataProtos the metadata describes
+    (tensors ``<path>@<key>``, the document under ``<path>``), by path."""
+    plain: dict[str, torch.Tensor] = {}
+    members: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in named.items():
+        path, member, key = name.partition(MEMBER)
+        if member:
+            members.setdefault(path, {})[key] = tensor
+        else:
+            plain[name] = tensor
+    strays = sorted(set(members) - set(metadata))
+    if strays:
+        raise WireError(f"tensors {strays[0]!r:.100}{MEMBER}... belong to no DataProto: no metadata names it")
+    built = {}
+    for path, text in metadata.items():
+        if path in plain:
+            raise WireError(f"{path!r:.100} is both a tensor and a DataProto")
+        document = loads_strict(text, f"DataProto {path!r:.100}", limits)
+        built[path] = build_dataproto(document, members.get(path, {}), path, limits)
+    return plain, built
 
 
 def _in_index_order(items: Mapping[str, T], name: str, label: str) -> list[T]:
@@ -185,6 +224,38 @@ def unpack_call(named: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     return kwargs
 
 
+def encode_call_body(kwargs: Mapping[str, Any]) -> bytes:
+    """A safetensors call body of keyword arguments: :func:`pack_call`'s tensors, and each
+    DataProto argument as its batch tensors (``name@key``) and its JSON document (the
+    metadata under ``name``)."""
+    plain, named, metadata = {}, {}, {}
+    for name, value in kwargs.items():
+        if is_dataproto(value):
+            if not isinstance(name, str) or not name.isidentifier():
+                raise WireError(f"keyword {name!r} is not a valid argument name")
+            document, tensors = dataproto_document(value, f"argument {name!r}")
+            metadata[name] = dumps_compact(document).decode()
+            named.update({f"{name}{MEMBER}{key}": tensor for key, tensor in tensors.items()})
+        else:
+            plain[name] = value
+    named.update(pack_call(plain))
+    return encode_safetensors(named, metadata)
+
+
+def decode_call_body(body: bytes, limits: WireLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """Keyword arguments of a safetensors call body (:func:`encode_call_body`'s inverse)."""
+    named, metadata = _read(body, limits)
+    plain, dataprotos = _dataprotos(named, metadata, limits)
+    kwargs = unpack_call(plain)
+    for name, data in dataprotos.items():
+        if not name.isidentifier():
+            raise WireError(f"DataProto argument {name!r:.100} is not a valid argument name")
+        if name in kwargs:
+            raise WireError(f"argument {name!r} is given both as a DataProto and as tensors")
+        kwargs[name] = data
+    return kwargs
+
+
 def _escape_key(key: Any, where: str) -> str:
     if not isinstance(key, str):
         if isinstance(key, bool) or not isinstance(key, int):
@@ -205,30 +276,53 @@ def _unescape_key(part: str) -> str:
 
 
 def pack_output(
-    output: Any, prefix: str = "output", limits: WireLimits = DEFAULT_LIMITS
+    output: Any, prefix: str = "output", limits: WireLimits = DEFAULT_LIMITS, metadata: dict[str, str] | None = None
 ) -> dict[str, torch.Tensor]:
     """A collected output as named tensors for a safetensors answer: a tensor (or numpy
     array, or number) is ``output``; list items are ``output.0``, ``output.1``, ...; mapping
-    values are ``output.<escaped key>``, recursively (``output.0.gate_up_proj%2Eweight``).
-    None, strings, other objects and empty containers raise :class:`WireError`."""
+    values are ``output.<escaped key>``, recursively (``output.0.gate_up_proj%2Eweight``);
+    a DataProto at a path is its tensors ``<path>@<key>`` and its document in
+    ``metadata[<path>]`` (give a dict to fill). None, strings, other objects and empty
+    containers raise :class:`WireError`."""
     named: dict[str, torch.Tensor] = {}
-    _pack(output, prefix, named, 0, limits.max_depth)
+    _pack(output, prefix, named, 0, limits.max_depth, metadata)
     return named
 
 
-def _pack(value: Any, path: str, named: dict[str, torch.Tensor], depth: int, max_depth: int) -> None:
+def encode_output_body(output: Any, limits: WireLimits = DEFAULT_LIMITS) -> bytes:
+    """A safetensors answer of a collected output (DataProtos included)."""
+    metadata: dict[str, str] = {}
+    return encode_safetensors(pack_output(output, limits=limits, metadata=metadata), metadata)
+
+
+def decode_output_body(body: bytes, prefix: str = "output", limits: WireLimits = DEFAULT_LIMITS) -> Any:
+    """The output of a safetensors answer (:func:`encode_output_body`'s inverse)."""
+    named, metadata = _read(body, limits)
+    plain, dataprotos = _dataprotos(named, metadata, limits)
+    return unpack_output({**plain, **dataprotos}, prefix, limits)
+
+
+def _pack(
+    value: Any, path: str, named: dict[str, torch.Tensor], depth: int, max_depth: int, metadata: dict | None
+) -> None:
     if depth > max_depth:
         raise WireError(f"{path}: nests deeper than {max_depth} levels")
     if isinstance(value, (list, tuple)):
         if not value:
             raise WireError(f"{path} is an empty list, which safetensors cannot carry")
         for i, item in enumerate(value):
-            _pack(item, f"{path}.{i}", named, depth + 1, max_depth)
+            _pack(item, f"{path}.{i}", named, depth + 1, max_depth, metadata)
     elif isinstance(value, Mapping):
         if not value:
             raise WireError(f"{path} is an empty mapping, which safetensors cannot carry")
         for key, item in value.items():
-            _pack(item, f"{path}.{_escape_key(key, path)}", named, depth + 1, max_depth)
+            _pack(item, f"{path}.{_escape_key(key, path)}", named, depth + 1, max_depth, metadata)
+    elif is_dataproto(value):
+        if metadata is None:
+            raise WireError(f"{path} is a DataProto: encode the answer with encode_output_body")
+        document, tensors = dataproto_document(value, path)
+        metadata[path] = dumps_compact(document).decode()
+        named.update({f"{path}{MEMBER}{key}": tensor for key, tensor in tensors.items()})
     elif isinstance(value, (torch.Tensor, np.ndarray, np.generic, bool, int, float)):
         named[path] = _as_tensor(value, path)
     else:

@@ -93,10 +93,10 @@ class ClassWithInitArgs:
 
 
 class SubmitError(RuntimeError):
-    """A call could not be handed to every rank it was meant for (its arguments would
-    not serialise, the object store is full, a worker is gone). ``submitted`` ranks
-    (the first ones, in rank order) did get it: their state may now differ from the
-    others'."""
+    """A call reached some of its ranks and then could not be handed to the next (its
+    arguments would not serialise, the object store is full, a worker is gone).
+    ``submitted`` ranks (the first ones, in rank order) got it: their state may now
+    differ from the others'. When no rank got the call, the error is raised as it came."""
 
     def __init__(self, method: str, submitted: int, ranks: int, cause: BaseException) -> None:
         super().__init__(
@@ -218,6 +218,8 @@ class WorkerGroup:
                 for rank, (a, k) in enumerate(calls):
                     futures.append(self._submit(rank, method, a, k))
             except Exception as exc:
+                if not futures:  # no rank has the call: the error as it came
+                    raise
                 raise SubmitError(method, len(futures), len(calls), exc) from exc
         return futures
 
@@ -245,10 +247,7 @@ class WorkerGroup:
     def execute_rank_zero_async(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method_name`` on rank 0 only, with the arguments as given."""
         with self._submit_lock:
-            try:
-                return self._submit(0, method_name, args, kwargs)
-            except Exception as exc:
-                raise SubmitError(method_name, 0, 1, exc) from exc
+            return self._submit(0, method_name, args, kwargs)
 
     def execute_rank_zero_sync(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         return self._wait(self.execute_rank_zero_async(method_name, *args, **kwargs))

@@ -23,7 +23,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from single_controller.base.worker_group import (
     ClassWithInitArgs,
     Collector,
-    SubmitError,
     WorkerGroup,
     user_class,
 )
@@ -366,11 +365,7 @@ class RayWorkerGroup(WorkerGroup):
         return future
 
     def _submit_many(self, method: str, calls: list[tuple[tuple, dict]]) -> list[Any]:
-        try:
-            shared = self._share_bulky(calls)
-        except Exception as exc:  # the object store refused a put: no rank has the call
-            raise SubmitError(method, 0, len(calls), exc) from exc
-        return super()._submit_many(method, shared)
+        return super()._submit_many(method, self._share_bulky(calls))
 
     def _share_bulky(self, calls: list[tuple[tuple, dict]]) -> list[tuple[tuple, dict]]:
         """Put each large object that goes to several ranks in the object store once."""

@@ -145,3 +145,20 @@ def test_a_custom_dispatch_that_fails_is_the_callers_error(loop, controller):
         result = call(loop, controller, "actor", "foo_custom", **kwargs)
         assert result.error.kind is ErrorKind.BAD_ARGUMENTS, result.error
         assert "two_to_all_dispatch_fn raised" in result.error.message
+
+
+def test_a_dataproto_through_the_controller(loop, controller):
+    """The library's answer of the served PROTO method that
+    tests/e2e/test_http_service.py calls over HTTP: the same numbers."""
+    import numpy as np
+    import torch
+
+    from single_controller.protocol import DataProto
+
+    data = DataProto.from_dict({"x": torch.arange(16.0).reshape(8, 2)}, {"uid": np.arange(8)}, {"t": 0.7})
+    result = call(loop, controller, "actor", "score", data=data)
+    assert result.ok, result.error
+    out = result.output
+    assert torch.equal(out.batch["y"], data.batch["x"] * 2)
+    assert out.non_tensor_batch["rank"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert out.meta_info == {"t": 0.7, "world_size": 4}

@@ -81,6 +81,10 @@ class StubBackend:
                                for r in range(4)], **modes)
         if method == "echo":
             return CallResult({"args": args, "kwargs": kwargs}, **modes)
+        if method == "score":  # a PROTO method: verl's DataProto in, DataProto out
+            data = kwargs["data"]
+            data.meta_info["scored"] = True
+            return CallResult(data, **modes)
         if method == "slow":
             await asyncio.sleep(0.3)
             return CallResult("done", **modes)
@@ -282,6 +286,21 @@ def test_binary_call_sends_safetensors_and_reads_safetensors(client, fake):
     assert answer["dispatch_mode"] is None and values(answer["output"]) == [1, 2, 3, 4]
     with pytest.raises(ValueError, match="keyword arguments only"):
         client.call("accumulator", "add", 10, binary=True)
+
+
+def test_a_dataproto_goes_as_safetensors_and_comes_back(client, fake):
+    import numpy as np
+
+    from single_controller.protocol import DataProto
+
+    _, state = fake
+    data = DataProto.from_dict({"x": torch.arange(6.0).reshape(3, 2)}, {"uid": np.array(["a", "b", "c"])},
+                               meta_info={"step": 1})
+    out = client.call("any", "score", data=data)
+    assert state["seen"]["content_type"] == SAFETENSORS and state["seen"]["names"] == ["data@x"]
+    assert state["seen"]["headers"]["accept"] == SAFETENSORS
+    assert isinstance(out, DataProto) and torch.equal(out.batch["x"], data.batch["x"])
+    assert out.non_tensor_batch["uid"].tolist() == ["a", "b", "c"] and out.meta_info == {"step": 1, "scored": True}
 
 
 def test_binary_output_keeps_dotted_keys(client):
