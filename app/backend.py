@@ -62,9 +62,11 @@ class ServeBackend:
             raise ApiError(504, f"{what} did not answer within {self.settings.request_timeout_s:g} s") from None
         except CONTROLLER_GONE as exc:
             # The controller replica died under the request; Serve starts another, which
-            # restores its groups from the state store.
+            # restores its groups from the state store (unless it failed to deploy at all).
+            state = "failed to start (see serve run's output)" if isinstance(
+                exc, DeploymentUnavailableError) else "is restarting"
             raise ApiError(
-                503, f"the controller of {what} is restarting ({type(exc).__name__}); retry shortly",
+                503, f"the controller of {what} {state} ({type(exc).__name__}); retry shortly",
                 {"Retry-After": str(RESTART_RETRY_AFTER_S)},
             ) from None
 

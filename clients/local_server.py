@@ -83,13 +83,16 @@ class ServeProcess:
 
     def start(self, timeout_s: float = 600.0, ready_path: str = "/readyz", fresh: bool | None = None) -> ServeProcess:
         """Start ``serve run`` and wait until ``ready_path`` answers 200. ``fresh``
-        overrides the instance's setting for this start."""
+        overrides the instance's setting for this start. Stored state that no longer fits
+        a group stops it at once (RuntimeError with the service's message)."""
         fresh = self.fresh if fresh is None else fresh
         if fresh:
             self.env["SC_STATE_FRESH"] = "1"
         else:
             self.env.pop("SC_STATE_FRESH", None)
         self._write_config()
+        self.log.flush()
+        log_start = Path(self.log.name).stat().st_size
         serve_bin = Path(sys.executable).parent / "serve"
         self.proc = subprocess.Popen(
             [str(serve_bin), "run", str(self.config)],
@@ -103,6 +106,10 @@ class ServeProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"serve run exited with {self.proc.returncode}:\n{self.tail()}")
+            refused = self._refusal(log_start)
+            if refused:
+                self.stop()
+                raise RuntimeError(f"serve run refused to start: {refused}")
             try:
                 if httpx.get(f"{self.url}{ready_path}", timeout=5).status_code == 200:
                     return self
@@ -111,6 +118,15 @@ class ServeProcess:
             time.sleep(2)
         self.stop()
         raise TimeoutError(f"service not ready within {timeout_s:g} s:\n{self.tail()}")
+
+    def _refusal(self, since: int) -> str | None:
+        """The controller's StateMismatchError, if this start's output has one."""
+        with open(self.log.name, errors="replace") as log:
+            log.seek(since)
+            for line in log:
+                if "StateMismatchError: " in line:
+                    return line.split("StateMismatchError: ", 1)[1].strip()
+        return None
 
     def gcs_address(self) -> str:
         """The address of the Ray cluster this ``serve run`` started (read from its
