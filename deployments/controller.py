@@ -65,6 +65,7 @@ class GroupController:
         self.request_timeout_s = request_timeout_s
         self.state = state or StateConfig(path=None)
         self.store = self.state.open()
+        self._opened = False
         limits = limits or LimitsConfig()
         self.groups: dict[str, GroupState] = {}
         for config in deployment.groups:
@@ -93,9 +94,13 @@ class GroupController:
         StateMismatchError, naming the group and the fix, when stored state no longer fits."""
         token = fresh_token() if self.state.fresh else None
         await asyncio.gather(*(state.durability.open(self.state, token) for state in self.groups.values()))
+        self._opened = True
 
     async def start(self) -> None:
-        """Start every group with its stored state (after :meth:`open`)."""
+        """Start every group with its stored state (opening the store first if
+        :meth:`open` was not called)."""
+        if not self._opened:
+            await self.open()
         await self.supervisor.start_all()
 
     # -- calls -------------------------------------------------------------------------

@@ -3,6 +3,8 @@ Redis server the test starts): under load from 4 clients, (1) the ``accumulators
 controller replica actor is killed with Ray's API, and (2) ``serve run`` is stopped with
 SIGINT and started again. Calls answer 503 with Retry-After while the controller comes
 back, and afterwards every rank holds exactly its start value plus the acknowledged adds.
+(3) A start with a group's world size changed is refused with an error naming the group,
+the change and the fix, instead of replaying the stored state into the wrong shape.
 
 The clients send every add with an Idempotency-Key and retry it until it is answered:
 an add in flight when the controller died may have been recorded without its answer
@@ -45,10 +47,14 @@ print(names[0]["name"])
 """
 
 
-def _accumulators() -> dict:
+def _accumulators(gpu_ranks: int = 4) -> dict:
     args = yaml.safe_load(CONFIG.read_text())["applications"][0]["args"]
     (deployment,) = [d for d in args["deployments"] if d["name"] == "accumulators"]
-    return {**deployment, "groups": [g for g in deployment["groups"] if g["name"] in GROUPS]}
+    groups = [g for g in deployment["groups"] if g["name"] in GROUPS]
+    for group in groups:
+        if group["name"] == "gpu_accumulator":
+            group["pool"] = {"process_on_nodes": [gpu_ranks]}
+    return {**deployment, "groups": groups}
 
 
 @pytest.fixture(scope="module", params=["sqlite", "redis"])
@@ -62,6 +68,7 @@ def restartable(request, tmp_path_factory):
         location = server.url
     proc = ServeProcess(overrides={"deployments": [_accumulators()]}, state_path=location)
     proc.start()
+    proc.state_location = location
     yield proc
     proc.stop()
 
@@ -181,3 +188,15 @@ def test_serve_run_stopped_with_sigint_and_started_again_restores_every_group(re
     assert load.statuses["no answer"] > 0, load.statuses
     with httpx.Client(base_url=restartable.url, timeout=60) as client:
         assert values(client) == load.expected(start)
+
+
+def test_a_group_whose_world_size_changed_is_refused_at_start_naming_it_and_the_fix(restartable):
+    restartable.stop()
+    changed = ServeProcess(overrides={"deployments": [_accumulators(gpu_ranks=2)]}, fresh=False,
+                           state_path=restartable.state_location)
+    with pytest.raises(RuntimeError) as refused:
+        changed.start(timeout_s=300)
+    message = str(refused.value)
+    assert "group 'gpu_accumulator' of deployment 'accumulators'" in message
+    assert "world size: stored 4, configured 2" in message
+    assert "make serve-fresh" in message and "on_mismatch: reset" in message
