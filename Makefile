@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-unit test-ray test-e2e lint serve bench clean
+.PHONY: venv test test-unit test-ray test-e2e lint serve serve-fresh bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -33,6 +33,10 @@ test-e2e: $(STAMP)
 
 serve: $(STAMP)
 	$(VENV)/bin/serve run serve_config.yaml
+
+# The same, starting every group clean (the stored state is discarded once, at this start).
+serve-fresh: $(STAMP)
+	SC_STATE_FRESH=1 $(VENV)/bin/serve run serve_config.yaml
 
 # Benchmarks: bench/results/latest.json and latest.png (BENCH_ARGS=--quick for a short run).
 bench: $(STAMP)

@@ -10,9 +10,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
+
 from app.errors import ApiError
 from app.settings import IngressSettings
 from deployments.contract import CallRequest, CallResult, ControllerError, GroupSummary, InferResult
+
+#: What a call raises when the controller replica it went to died (or is gone).
+CONTROLLER_GONE = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError)
+#: Seconds a client is told to wait while Serve restarts a controller replica.
+RESTART_RETRY_AFTER_S = 5
 
 
 class Backend(Protocol):
@@ -52,6 +60,15 @@ class ServeBackend:
             return await asyncio.wait_for(awaitable, timeout=self.settings.request_timeout_s + 10)
         except TimeoutError:
             raise ApiError(504, f"{what} did not answer within {self.settings.request_timeout_s:g} s") from None
+        except CONTROLLER_GONE as exc:
+            # The controller replica died under the request; Serve starts another, which
+            # restores its groups from the state store (unless it failed to deploy at all).
+            state = "failed to start (see serve run's output)" if isinstance(
+                exc, DeploymentUnavailableError) else "is restarting"
+            raise ApiError(
+                503, f"the controller of {what} {state} ({type(exc).__name__}); retry shortly",
+                {"Retry-After": str(RESTART_RETRY_AFTER_S)},
+            ) from None
 
     def _owner(self, group: str) -> Any:
         name = self.settings.deployment_of(group)

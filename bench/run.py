@@ -181,6 +181,87 @@ def bench_colocated_start(pool: Any, worker_cls: Any, roles: int = 2) -> dict[st
     }
 
 
+def bench_durable_call(quick: bool) -> dict[str, Any]:
+    """The p50 of a mutating call (``add`` on a 4-rank GPUAccumulator group) through the
+    controller (journal, store, acknowledgement; no HTTP) with the durable SQLite store
+    against the in-memory one, with and without an Idempotency-Key (its answer is
+    recorded too): two controllers side by side in one Ray cluster, calls interleaved."""
+    import shutil
+    import tempfile
+
+    import ray
+
+    from deployments.builder import PoolSet, units
+    from deployments.config import load_config
+    from deployments.contract import CallRequest
+    from deployments.controller import GroupController
+    from deployments.placement import GpuBudget, plan_deployment
+
+    group = {"name": "gpu_accumulator", "worker": "single_controller.models.tutorial_workers:GPUAccumulator",
+             "read_only": ["get_value"]}
+    # On the checkout's disk, as .hybridflow/state.db would be.
+    directory = tempfile.mkdtemp(prefix="bench-state-", dir=ROOT)
+    n = 400 if quick else 2000
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+
+    async def run() -> dict[str, Any]:
+        controllers = {}
+        for name, path in (("memory", None), ("sqlite", f"{directory}/state.db")):
+            pool = {"process_on_nodes": [4], "name_prefix": name}  # placement groups of its own
+            config = load_config({"use_gpu": False, "deployments": [{"name": name, "groups": [{**group, "pool": pool}]}],
+                                  "state": {"path": path}})
+            deployment = config.deployments[0]
+            plan = plan_deployment(deployment, config, GpuBudget(0))
+            controller = GroupController(deployment, plan, units(deployment, plan, PoolSet(plan)), state=config.state)
+            await controller.open()
+            await controller.start()
+            controllers[name] = controller
+        samples: dict[str, list[float]] = {f"{name}{keyed}": [] for name in controllers for keyed in ("", "_key")}
+        calls = 0
+
+        async def add(name: str, keyed: str) -> None:
+            nonlocal calls
+            calls += 1
+            key = f"bench-{calls}" if keyed else None
+            request = CallRequest("gpu_accumulator", "add", kwargs={"x": [1, 1, 1, 1]}, idempotency_key=key,
+                                  fingerprint=key)
+            start = time.perf_counter()
+            result = await controllers[name].call(request)
+            samples[f"{name}{keyed}"].append(time.perf_counter() - start)
+            assert result.error is None, result.error
+
+        async def one_of_each() -> None:  # interleaved, so machine noise hits every series alike
+            for name in controllers:
+                await add(name, "")
+                await add(name, "_key")
+
+        for _ in range(20):
+            await one_of_each()
+        for values in samples.values():
+            values.clear()
+        for _ in range(n):
+            await one_of_each()
+        for controller in controllers.values():
+            controller.shutdown()
+        return {series: p50(values) * 1e3 for series, values in samples.items()}
+
+    try:
+        p50s = asyncio.run(run())
+    finally:
+        ray.shutdown()
+        shutil.rmtree(directory, ignore_errors=True)
+    return {
+        "state_memory_add_p50_ms": p50s["memory"],
+        "state_sqlite_add_p50_ms": p50s["sqlite"],
+        "state_added_p50_ms": p50s["sqlite"] - p50s["memory"],
+        "state_ratio": p50s["sqlite"] / p50s["memory"],
+        "state_memory_add_key_p50_ms": p50s["memory_key"],
+        "state_sqlite_add_key_p50_ms": p50s["sqlite_key"],
+        "state_added_key_p50_ms": p50s["sqlite_key"] - p50s["memory_key"],
+        "state_calls_per_series": n,
+    }
+
+
 # -- HTTP --------------------------------------------------------------------------
 
 
@@ -336,6 +417,7 @@ TARGETS = {
     "mlp_ratio": ("tp=4 MLP / single-process torch", 1.3, "max"),
     "rps_ratio": ("add rps / no-op rps (32 clients)", 0.5, "min"),
     "cold_start_ratio": ("cold start / no-op app", 3.0, "max"),
+    "state_added_p50_ms": ("durable store: added ms per mutating call (p50)", 1.0, "max"),
 }
 
 
@@ -345,7 +427,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [k for k in TARGETS if k in results]
+    keys = [k for k in TARGETS if k in results and k.endswith("_ratio")]  # ratios only: one axis
     fig, ax = plt.subplots(figsize=(9, 4.5))
     values = [results[k] for k in keys]
     colors = [
@@ -376,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     started = time.perf_counter()
     results.update(bench_library(options.quick))
+    results.update(bench_durable_call(options.quick))
     if not options.skip_http:
         results.update(bench_http(options.quick, results))
     results["bench_seconds"] = time.perf_counter() - started

@@ -1,7 +1,9 @@
 """Start ``serve run serve_config.yaml`` as a user would, wait until it is ready, stop it.
 
 Used by the end-to-end tests and the benchmarks: the service runs in a fresh local Ray
-cluster of its own (``RAY_ADDRESS=local``), with the machine's resources."""
+cluster of its own (``RAY_ADDRESS=local``), with the machine's resources, and by default
+with fresh state (``SC_STATE_FRESH=1``, as ``make serve-fresh``), so it answers the
+tutorial's numbers whatever an earlier run left in the state store."""
 
 from __future__ import annotations
 
@@ -37,30 +39,56 @@ class ServeProcess:
         env: dict[str, str] | None = None,
         overrides: dict | None = None,
         deployments: list[str] | None = None,
+        fresh: bool = True,
+        state_path: str | os.PathLike[str] | None = None,
     ) -> None:
         """``overrides`` replace keys of the application's ``args``; ``deployments`` keeps
-        only the named ones of the config's deployments."""
-        changed = bool(overrides) or deployments is not None
-        self.port = 8000 if port_free(8000) and not changed else free_port()
+        only the named ones of the config's deployments. ``fresh``: start with every
+        group's stored state discarded (``start(fresh=False)`` restores it, e.g. after a
+        ``stop()``). ``state_path``: the state store (``SC_STATE_PATH``: a file, or a
+        ``redis://`` URL) instead of the config's ``.hybridflow/state.db``, so services
+        running at once keep their state apart."""
+        self.source = config
+        self.changed = bool(overrides) or deployments is not None
+        self.port = 8000 if port_free(8000) and not self.changed else free_port()
+        self.overrides, self.deployments = overrides, deployments
         self.config = config
-        if self.port != 8000 or changed:
-            # Same config, another port (8000 is taken here) and any test overrides of the args.
-            document = yaml.safe_load(config.read_text())
-            document["http_options"]["port"] = self.port
-            args = document["applications"][0]["args"]
-            args.update(overrides or {})
-            if deployments is not None:
-                args["deployments"] = [d for d in args["deployments"] if d["name"] in deployments]
-            handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=ROOT)
-            yaml.safe_dump(document, handle)
-            handle.close()
-            self.config = Path(handle.name)
+        self.fresh = fresh
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, "RAY_ADDRESS": "local", "RAY_DEDUP_LOGS": "0", **(env or {})}
+        if state_path is not None:
+            location = os.fspath(state_path)
+            self.env["SC_STATE_PATH"] = location if "://" in location else os.path.abspath(location)
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout_s: float = 600.0, ready_path: str = "/readyz") -> ServeProcess:
+    def _write_config(self) -> None:
+        if self.port == 8000 and not self.changed:
+            return
+        # Same config, another port (8000 is taken here) and any test overrides of the args.
+        document = yaml.safe_load(self.source.read_text())
+        document["http_options"]["port"] = self.port
+        args = document["applications"][0]["args"]
+        args.update(self.overrides or {})
+        if self.deployments is not None:
+            args["deployments"] = [d for d in args["deployments"] if d["name"] in self.deployments]
+        handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=ROOT)
+        yaml.safe_dump(document, handle)
+        handle.close()
+        self.config = Path(handle.name)
+
+    def start(self, timeout_s: float = 600.0, ready_path: str = "/readyz", fresh: bool | None = None) -> ServeProcess:
+        """Start ``serve run`` and wait until ``ready_path`` answers 200. ``fresh``
+        overrides the instance's setting for this start. Stored state that no longer fits
+        a group stops it at once (RuntimeError with the service's message)."""
+        fresh = self.fresh if fresh is None else fresh
+        if fresh:
+            self.env["SC_STATE_FRESH"] = "1"
+        else:
+            self.env.pop("SC_STATE_FRESH", None)
+        self._write_config()
+        self.log.flush()
+        log_start = Path(self.log.name).stat().st_size
         serve_bin = Path(sys.executable).parent / "serve"
         self.proc = subprocess.Popen(
             [str(serve_bin), "run", str(self.config)],
@@ -74,6 +102,10 @@ class ServeProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"serve run exited with {self.proc.returncode}:\n{self.tail()}")
+            refused = self._refusal(log_start)
+            if refused:
+                self.stop()
+                raise RuntimeError(f"serve run refused to start: {refused}")
             try:
                 if httpx.get(f"{self.url}{ready_path}", timeout=5).status_code == 200:
                     return self
@@ -82,6 +114,15 @@ class ServeProcess:
             time.sleep(2)
         self.stop()
         raise TimeoutError(f"service not ready within {timeout_s:g} s:\n{self.tail()}")
+
+    def _refusal(self, since: int) -> str | None:
+        """The controller's StateMismatchError, if this start's output has one."""
+        with open(self.log.name, errors="replace") as log:
+            log.seek(since)
+            for line in log:
+                if "StateMismatchError: " in line:
+                    return line.split("StateMismatchError: ", 1)[1].strip()
+        return None
 
     def gcs_address(self) -> str:
         """The address of the Ray cluster this ``serve run`` started (read from its
@@ -113,5 +154,6 @@ class ServeProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=30)
-        if self.config != CONFIG:
+        if self.config != self.source:
             self.config.unlink(missing_ok=True)
+            self.config = self.source

@@ -50,6 +50,8 @@ def ingress_settings(config: ServiceConfig) -> IngressSettings:
 
 def build(args: dict[str, Any] | None = None) -> Application:
     config = load_config(args)
+    # Where serve run starts: the replicas get an absolute state path (theirs may be elsewhere).
+    config.state = config.state.resolved()
     budget = GpuBudget(_cluster_gpus())
     service = config.model_dump(mode="json", exclude={"deployments"})
     controllers: dict[str, Application] = {}

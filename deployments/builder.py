@@ -18,7 +18,7 @@ import ray
 
 from deployments.config import DeploymentConfig, GroupConfig, import_worker
 from deployments.placement import DeploymentPlan
-from single_controller.base.worker_group import PendingCall
+from single_controller.base.worker_group import PendingCall, split_per_rank
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, merge_resource_pool
 from single_controller.ray.colocated import create_colocated_worker_cls
 
@@ -41,6 +41,11 @@ class PlainActorGroup:
     def submit(self, method: str, args: Any = (), kwargs: dict[str, Any] | None = None) -> PendingCall:
         future = getattr(self.actor, method).remote(*args, **(kwargs or {}))
         return PendingCall([future], lambda values: values[0])
+
+    def execute_all_async(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """verl's execute_all on a group of one: a one-item list is the rank's own item."""
+        ((rank_args, rank_kwargs),) = split_per_rank(method, 1, args, kwargs)
+        return [getattr(self.actor, method).remote(*rank_args, **rank_kwargs)]
 
     def call_method(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return ray.get(getattr(self.actor, method).remote(*args, **kwargs))

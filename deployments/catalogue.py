@@ -11,6 +11,10 @@ from single_controller.base.worker_methods import public_methods, registered_met
 
 #: How a call on a method with no ``@register`` is described (verl's execute_all).
 EXECUTE_ALL = "EXECUTE_ALL"
+#: The snapshot protocol (torch's convention): the controller's own calls to take and load
+#: a group's state (``deployments.durability``), not part of the group's API over HTTP.
+STATE_DICT, LOAD_STATE_DICT = "state_dict", "load_state_dict"
+SNAPSHOT_PROTOCOL = frozenset({STATE_DICT, LOAD_STATE_DICT})
 
 
 @dataclass(frozen=True)
@@ -33,12 +37,14 @@ class MethodInfo:
 
 def catalogue(worker_cls: Any, read_only: Iterable[str] = ()) -> dict[str, MethodInfo]:
     """The callable methods of a worker class (the library's one definition of them:
-    public, not the library's plumbing), by name. Every method is mutating unless named
-    in ``read_only``."""
+    public, not the library's plumbing, nor the snapshot protocol), by name. Every method
+    is mutating unless named in ``read_only``."""
     specs = registered_methods(worker_cls)
     quiet = set(read_only)
     methods = {}
     for name in public_methods(worker_cls):
+        if name in SNAPSHOT_PROTOCOL:
+            continue
         spec = specs.get(name)
         methods[name] = MethodInfo(
             name=name,

@@ -6,8 +6,8 @@ Calls run on the replica's event loop: submitting a call to every rank happens w
 an ``await`` in between, so the loop itself keeps one order on every rank; the wait for
 the outputs is an ``await``, so calls pipeline and the health check never queues behind
 them. A mutating call is journaled in that order and acknowledged only when every rank
-applied it; its wait runs as a task of its own, so a client that goes away cannot leave
-it applied but unjournaled.
+applied it and the state store recorded it (``deployments.durability``); its wait runs
+as a task of its own, so a client that goes away cannot leave it applied but unjournaled.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import ray
 
 from deployments.builder import Unit
 from deployments.catalogue import catalogue, per_rank_problem
-from deployments.config import DeploymentConfig, LimitsConfig, import_worker
+from deployments.config import DeploymentConfig, LimitsConfig, StateConfig, import_worker
 from deployments.contract import (
     CallRequest,
     CallResult,
@@ -29,8 +29,10 @@ from deployments.contract import (
     GroupSummary,
     MethodSummary,
 )
+from deployments.durability import GroupDurability, PendingRecord, fresh_token
 from deployments.idempotency import IdempotencyCache, IdempotencyConflict
 from deployments.placement import DeploymentPlan
+from deployments.state_codec import StateCodecError
 from deployments.supervisor import (
     READY,
     GroupState,
@@ -63,10 +65,16 @@ class GroupController:
         request_timeout_s: float = 120.0,
         health_timeout_s: float = 10.0,
         limits: LimitsConfig | None = None,
+        state: StateConfig | None = None,
     ) -> None:
+        """``state``: where the groups' state is kept (resolved: an absolute path); None
+        keeps it in memory."""
         self.deployment = deployment
         self.plan = plan
         self.request_timeout_s = request_timeout_s
+        self.state = state or StateConfig(path=None)
+        self.store = self.state.open()
+        self._opened = False
         limits = limits or LimitsConfig()
         self.groups: dict[str, GroupState] = {}
         for config in deployment.groups:
@@ -76,6 +84,10 @@ class GroupController:
                 methods=catalogue(worker, config.read_only),
                 worker_class=user_class(worker).__name__,
                 resource_pool=plan.describe_pool(config.name),
+                durability=GroupDurability(
+                    self.store, deployment.name, config, plan.world_size(config.name), worker,
+                    self.state.snapshot_every, request_timeout_s,
+                ),
             )
         self.units: list[UnitState] = []
         for unit in units:
@@ -86,7 +98,18 @@ class GroupController:
         self.supervisor = Supervisor(self.units, request_timeout_s, health_timeout_s)
         self.answers: IdempotencyCache[CallResult] = IdempotencyCache(limits.idempotency_keys, limits.idempotency_bytes)
 
+    async def open(self) -> None:
+        """Claim every group's scope in the store (a fresh start discards it first);
+        StateMismatchError, naming the group and the fix, when stored state no longer fits."""
+        token = fresh_token() if self.state.fresh else None
+        await asyncio.gather(*(state.durability.open(self.state, token) for state in self.groups.values()))
+        self._opened = True
+
     async def start(self) -> None:
+        """Start every group with its stored state (opening the store first if
+        :meth:`open` was not called)."""
+        if not self._opened:
+            await self.open()
         await self.supervisor.start_all()
 
     # -- calls -------------------------------------------------------------------------
@@ -98,6 +121,19 @@ class GroupController:
             return await self._call(request)
         key = (request.group, request.method, request.idempotency_key)
         try:
+            state = self.groups.get(request.group)
+            if state is not None and self.answers.lookup(key, request.fingerprint) is None:
+                # Not answered by this replica: maybe by an earlier one, or an earlier run.
+                try:
+                    stored = await state.durability.stored_answer(request)
+                except IdempotencyConflict:
+                    raise
+                except Exception as exc:  # unknown whether the key was answered: do not run it
+                    why = f"the state store could not be read ({type(exc).__name__})"
+                    return CallResult(error=self._unavailable(state, why))
+                if stored is not None:
+                    self.answers.store(key, *stored)
+                    return stored[1]
             return await self.answers.run(
                 key, request.fingerprint, lambda: self._call(request), keep=lambda r: _kept(r)
             )
@@ -129,11 +165,19 @@ class GroupController:
             if problem:
                 result.error = _error(ErrorKind.BAD_ARGUMENTS, problem)
                 return result
-        try:
-            entry = state.journal.begin(request.method, args, kwargs) if info.mutating else None
-        except Exception as exc:  # arguments the journal cannot keep a copy of
-            result.error = _error(ErrorKind.BAD_ARGUMENTS, f"{request.method}: {failure_of(exc)[1]}")
-            return result
+        entry = record = None
+        if info.mutating:
+            try:
+                entry = state.journal.begin(request.method, args, kwargs)
+            except Exception as exc:  # arguments the journal cannot keep a copy of
+                result.error = _error(ErrorKind.BAD_ARGUMENTS, f"{request.method}: {failure_of(exc)[1]}")
+                return result
+            try:
+                record = state.durability.prepare(entry, request)
+            except StateCodecError as exc:
+                state.journal.abort(entry)
+                result.error = _error(ErrorKind.BAD_ARGUMENTS, f"{request.method}: the state store cannot keep {exc}")
+                return result
         try:
             pending = group.submit(request.method, args, kwargs)
         except Exception as exc:
@@ -141,11 +185,13 @@ class GroupController:
                 state.journal.abort(entry)
             result.error = self._submit_failed(state, request.method, exc)
             return result
-        settle = asyncio.ensure_future(self._settle(state, entry, pending, result))
+        settle = asyncio.ensure_future(self._settle(state, entry, record, pending, result))
         # A client that goes away cancels this await, never the settling of the call.
         return await asyncio.shield(settle)
 
-    async def _settle(self, state: GroupState, entry: Any, pending: Any, result: CallResult) -> CallResult:
+    async def _settle(
+        self, state: GroupState, entry: Any, record: PendingRecord | None, pending: Any, result: CallResult
+    ) -> CallResult:
         unit = state.unit
         generation = unit.generation
         acknowledged = False
@@ -173,14 +219,26 @@ class GroupController:
                 else:
                     result.error = _error(ErrorKind.METHOD_RAISED, f"{state.name} raised {failures[0][1]}")
                 return result
-            if entry is not None:
-                state.journal.acknowledge(entry)
-                state.state_version += 1
-                acknowledged = True
             try:
                 result.output = pending.collect([f.result() for f in futures])
             except Exception as exc:  # a collect function's own error: the call itself ran
                 result.error = _error(ErrorKind.METHOD_RAISED, f"collecting the outputs failed: {failure_of(exc)[1]}")
+            if entry is not None:
+                try:  # a 2xx means durable: recorded before it is acknowledged
+                    await state.durability.record(record, result)
+                except Exception as exc:
+                    # The ranks applied a call the store may not hold: restore them from the store.
+                    self.supervisor.recover(unit, f"{state.name}: the state store did not take {entry.method} "
+                                                  f"({failure_of(exc)[1]})")
+                    result.output = None
+                    result.error = self._unavailable(
+                        state, f"the state store could not record {state.name}.{entry.method} ({type(exc).__name__})"
+                    )
+                    return result
+                state.journal.acknowledge(entry)
+                state.state_version += 1
+                acknowledged = True
+                state.durability.acknowledged(state)
             return result
         finally:
             state.running -= 1
@@ -264,6 +322,7 @@ class GroupController:
                     group.shutdown()
                 except Exception:  # already gone with the replica
                     pass
+        self.store.close()
 
 
 def _kept(result: CallResult) -> bool:

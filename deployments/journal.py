@@ -38,6 +38,8 @@ class Journal:
         self._inflight: set[int] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        #: (seq, future) of callers waiting until no call numbered <= seq is in flight.
+        self._waiters: list[tuple[int, asyncio.Future]] = []
 
     def begin(self, method: str, args: tuple | list, kwargs: dict[str, Any]) -> Entry:
         """Enter a call about to be submitted (a copy of its arguments, taken before any
@@ -61,6 +63,15 @@ class Journal:
         self._inflight.discard(entry.seq)
         if not self._inflight:
             self._idle.set()
+        if self._waiters:
+            lowest = self.lowest_inflight()
+            waiting = []
+            for seq, future in self._waiters:
+                if lowest is not None and lowest <= seq:
+                    waiting.append((seq, future))
+                elif not future.done():
+                    future.set_result(None)
+            self._waiters = waiting
 
     @property
     def inflight(self) -> int:
@@ -80,6 +91,28 @@ class Journal:
             return True
         except TimeoutError:
             return False
+
+    async def settled_through(self, seq: int, timeout_s: float | None = None) -> bool:
+        """Wait until no call numbered ``<= seq`` is in flight (later ones may be); False
+        when ``timeout_s`` passed first."""
+        lowest = self.lowest_inflight()
+        if lowest is None or lowest > seq:
+            return True
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.append((seq, future))
+        try:
+            await asyncio.wait_for(asyncio.shield(future), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+    def reload(self, entries: list[Entry], next_seq: int) -> None:
+        """Replace the acknowledged entries with ``entries`` (what a store holds after its
+        snapshot) and number later calls from ``next_seq`` on, or further on: numbers
+        never go back, so a call is never given the number of one already stored."""
+        self._acknowledged.clear()
+        self.restore(entries)
+        self._next_seq = max(self._next_seq, next_seq)
 
     def restore(self, entries: list[Entry]) -> None:
         """Acknowledged entries loaded from a store (a restarted controller)."""

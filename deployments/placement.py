@@ -74,6 +74,11 @@ class DeploymentPlan:
             "placement_group_strategy": "STRICT_PACK",
         }
 
+    def world_size(self, group: str) -> int:
+        """A group's ranks: its pools' processes (1 for a plain actor)."""
+        roots = self.group_pools.get(group, ())
+        return sum(self.pools[root].world_size for root in roots) if roots else 1
+
     def describe_pool(self, group: str) -> str:
         roots = self.group_pools.get(group, ())
         if not roots:

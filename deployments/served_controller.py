@@ -3,6 +3,7 @@ deployment, each replica a single controller that owns its groups."""
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 from typing import Any
 
@@ -19,10 +20,13 @@ from deployments.placement import DeploymentPlan
 
 @serve.deployment(max_ongoing_requests=256)
 class ControllerDeployment:
-    """A controller replica: starts its groups in ``__init__`` (the replica is ready when
-    they are), answers the ingress and the jobs deployment, and gives Serve a health
-    check that never waits behind calls and never fails the replica for a lost worker
-    (that group is rebuilt in the background)."""
+    """A controller replica: claims its groups' stored state in ``__init__`` (stored state
+    that no longer fits a group fails the replica with an error naming it), then starts
+    the groups and restores their state in the background, so a replica that Serve
+    restarts answers at once: 503 with Retry-After for a group until it is ready. It
+    answers the ingress and the jobs deployment, and gives Serve a health check that
+    never waits behind calls and never fails the replica for a lost worker (that group
+    is rebuilt in the background)."""
 
     async def __init__(self, deployment: dict[str, Any], plan: DeploymentPlan, service: dict[str, Any]) -> None:
         # Tensors from the ingress arrive zero-copy, read-only (deployments.application's
@@ -39,9 +43,14 @@ class ControllerDeployment:
             request_timeout_s=settings.request_timeout_s,
             health_timeout_s=settings.health_timeout_s,
             limits=settings.limits,
+            state=settings.state,
         )
         self.models = ModelServer(config.models, self.controller)
-        await self.controller.start()
+        await self.controller.open()
+        self._starting = asyncio.get_running_loop().create_task(self.controller.start())
+        # A unit that fails to start is FAILED and retried by the health check; the
+        # exception is logged there, so it is only retrieved here.
+        self._starting.add_done_callback(lambda task: task.cancelled() or task.exception())
 
     async def call(self, request: CallRequest) -> CallResult:
         return await self.controller.call(request)

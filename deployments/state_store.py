@@ -107,13 +107,13 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from deployments.config import DEFAULT_STATE_PATH, REDIS_SCHEMES
 
 __all__ = [
     "DEFAULT_STATE_PATH",
@@ -122,7 +122,6 @@ __all__ = [
     "SQLiteStateStore",
     "ScopeMeta",
     "ScopeState",
-    "StateConfig",
     "StateMismatchError",
     "StateStore",
     "StateStoreUnavailable",
@@ -132,10 +131,6 @@ __all__ = [
     "scope_name",
 ]
 
-#: Where the SQLite file goes, relative to the directory ``serve run`` starts from.
-DEFAULT_STATE_PATH = ".hybridflow/state.db"
-#: The environment variable that overrides ``state.path``.
-STATE_PATH_ENV = "SC_STATE_PATH"
 #: Idempotency answers kept per scope: count and bytes (oldest evicted first).
 DEFAULT_MAX_ANSWERS = 10_000
 DEFAULT_MAX_ANSWER_BYTES = 256 << 20
@@ -144,7 +139,6 @@ DEFAULT_MAX_ANSWER_BYTES = 256 << 20
 SNAPSHOT_PART_BYTES = 16 << 20
 #: Sequence numbers stay exact in Redis's Lua numbers and sorted-set scores.
 MAX_SEQ = 2**53
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 class StateMismatchError(ValueError):
@@ -1018,54 +1012,11 @@ def open_store(
     if location is None:
         return MemoryStateStore(**bounds)
     location = os.fspath(location)
-    if location.startswith(_REDIS_SCHEMES):
+    if location.startswith(REDIS_SCHEMES):
         return RedisStateStore(location, namespace=namespace, **bounds)
     if not location:
         raise ValueError("state path must not be empty (null means in memory)")
     return SQLiteStateStore(location, synchronous=synchronous, busy_timeout_s=busy_timeout_s, **bounds)
-
-
-class StateConfig(BaseModel):
-    """The serve config's ``args.state``. ``path``: a SQLite file (relative to the
-    directory ``serve run`` starts from), null for in-memory state, or a Redis URL.
-    ``SC_STATE_PATH`` overrides it (``:memory:`` or ``null`` there means in memory)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    path: str | None = Field(DEFAULT_STATE_PATH, description="SQLite file, null (in memory) or redis:// URL")
-    snapshot_every: int = Field(
-        1000, ge=0, description="snapshot a group with state_dict() every N acknowledged mutating calls (0: never)"
-    )
-    synchronous: Literal["NORMAL", "FULL"] = Field(
-        "NORMAL", description="SQLite: NORMAL survives process crashes, FULL also power loss (an fsync per call)"
-    )
-    busy_timeout_s: float = Field(10.0, gt=0, description="SQLite: how long a write waits for another process's")
-    max_answers: int = Field(DEFAULT_MAX_ANSWERS, ge=1, description="idempotency answers kept per group")
-    max_answer_bytes: int = Field(DEFAULT_MAX_ANSWER_BYTES, ge=1, description="their bytes per group")
-    namespace: str = Field("hybridflow", min_length=1, description="Redis key prefix (one per application)")
-
-    def resolved(self, env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None) -> StateConfig:
-        """This config with ``SC_STATE_PATH`` applied and a relative file path made
-        absolute against ``cwd``. Call it where ``serve run`` starts (the application
-        builder), not in a replica, whose working directory may differ."""
-        env = os.environ if env is None else env
-        path = self.path
-        override = env.get(STATE_PATH_ENV)
-        if override:
-            path = None if override in (":memory:", "null") else override
-        if path is not None and not path.startswith(_REDIS_SCHEMES):
-            if not path:
-                raise ValueError("state.path must not be empty (null means in memory)")
-            path = os.path.abspath(os.path.join(os.fspath(cwd) if cwd is not None else os.getcwd(),
-                                                os.path.expanduser(path)))
-        return self.model_copy(update={"path": path})
-
-    def open(self) -> StateStore:
-        """The store this (resolved) config names."""
-        return open_store(
-            self.path, namespace=self.namespace, synchronous=self.synchronous, busy_timeout_s=self.busy_timeout_s,
-            max_answers=self.max_answers, max_answer_bytes=self.max_answer_bytes,
-        )
 
 
 # -- benchmark ---------------------------------------------------------------------------

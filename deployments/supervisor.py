@@ -1,5 +1,7 @@
 """Supervision of a controller's units: start them, tell a busy worker from a lost one,
 and rebuild a unit that lost a worker (or whose workers no longer match the journal).
+Both a start and a rebuild give the fresh workers the group's stored state (snapshot,
+then the journal after it: ``deployments.durability``).
 
 Everything here runs on the controller replica's event loop; only a unit's ``start()``
 (which blocks while worker processes come up) runs in a thread. The health check never
@@ -60,6 +62,8 @@ class GroupState:
     worker_class: str
     resource_pool: str
     journal: Journal = field(default_factory=Journal)
+    #: The group's scope in the state store (deployments.durability.GroupDurability).
+    durability: Any = None
     group: Any = None
     unit: UnitState | None = None
     #: Calls of ours running on the workers (read-only ones too): a busy group.
@@ -113,13 +117,25 @@ class Supervisor:
 
     # -- start ------------------------------------------------------------------------
     async def start_all(self) -> None:
-        """Start every unit at once (each waits seconds for its processes)."""
-        await asyncio.gather(*(self._start(unit) for unit in self.units))
+        """Start every unit at once (each waits seconds for its processes) and restore
+        its stored state. A unit that fails is left FAILED (the health check retries it)
+        and the first failure is raised."""
+        loop = asyncio.get_running_loop()
+        for unit in self.units:
+            unit.task = loop.create_task(self._start(unit))
+        await asyncio.gather(*(unit.task for unit in self.units))
 
     async def _start(self, unit: UnitState) -> None:
-        groups = await asyncio.to_thread(unit.unit.start)
-        for member in unit.members:
-            member.group = groups[member.name]
+        try:
+            groups = await asyncio.to_thread(unit.unit.start)
+            for member in unit.members:
+                member.group = groups[member.name]
+            for member in unit.members:
+                unit.replayed += await self.replay(member)
+        except Exception as exc:
+            unit.status, unit.last_error = FAILED, f"start failed: {type(exc).__name__}: {first_line(exc)}"
+            logger.exception("starting %s failed", unit.unit.name)
+            raise
         unit.generation += 1
         unit.status = READY
 
@@ -192,10 +208,6 @@ class Supervisor:
             logger.exception("rebuilding %s failed", unit.unit.name)
 
     async def replay(self, member: GroupState) -> int:
-        """Submit every acknowledged call in order (each rank runs them in that order),
-        then wait for all of them."""
-        pending = [member.group.submit(method, args, kwargs) for method, args, kwargs in member.journal.replay()]
-        futures = [future for call in pending for future in call.futures]
-        if futures:
-            await asyncio.gather(*as_asyncio(futures))
-        return len(pending)
+        """Give the member's fresh workers its stored state: the snapshot, then every
+        acknowledged call after it in order; returns how many calls were replayed."""
+        return await member.durability.restore(member)

@@ -37,6 +37,13 @@ class TransportCheckActor(TestActor.__ray_actor_class__):
     def history(self):
         return list(self._history)
 
+    def state_dict(self):
+        return {**super().state_dict(), "history": list(self._history)}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self._history = list(state["history"])
+
     @register(Dispatch.ONE_TO_ALL)
     def sleep(self, seconds: float):
         """Hold every rank for ``seconds`` (at most 60): a slow call, for timeouts."""

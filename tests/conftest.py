@@ -45,12 +45,13 @@ def no_global_padding():
 
 
 @pytest.fixture(scope="session")
-def service():
+def service(tmp_path_factory):
     """`serve run serve_config.yaml` as a user would start it, shared by the session
-    (its cold start is the most expensive step of the suite)."""
+    (its cold start is the most expensive step of the suite), with fresh state in a file
+    of its own (not the checkout's .hybridflow/state.db)."""
     from clients.local_server import ServeProcess
 
-    proc = ServeProcess().start()
+    proc = ServeProcess(state_path=tmp_path_factory.mktemp("service-state") / "state.db").start()
     try:
         yield proc
     finally:

@@ -3,6 +3,10 @@
 ``GPUAccumulator`` and ``GPUAccumulatorDecorator`` also answer ``get_value``. The
 service's test actor (``deployments.transport_check``) extends ``TestActor`` with the
 checks the service's tests need.
+
+Every class here has ``state_dict()`` and ``load_state_dict(state)`` (torch's
+convention): the service snapshots a group with them, so a rebuilt group loads its
+state instead of replaying every call since the start.
 """
 
 from __future__ import annotations
@@ -28,9 +32,26 @@ class Accumulator:
     def get_value(self):
         return self.value
 
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]
+
+
+class _TensorValue:
+    """``state_dict``/``load_state_dict`` of a worker whose state is ``self.value``, a
+    tensor on this process's device."""
+
+    def state_dict(self):
+        return {"value": self.value.cpu()}
+
+    def load_state_dict(self, state):
+        self.value = state["value"].to(get_device_name(), copy=True)
+
 
 @ray.remote
-class GPUAccumulator(Worker):
+class GPUAccumulator(_TensorValue, Worker):
     """Chapter 2: each rank starts at its rank; ``add`` is called through execute_all."""
 
     def __init__(self) -> None:
@@ -46,7 +67,7 @@ class GPUAccumulator(Worker):
 
 
 @ray.remote
-class GPUAccumulatorDecorator(Worker):
+class GPUAccumulatorDecorator(_TensorValue, Worker):
     """Chapter 3: ``add`` registered ONE_TO_ALL, so one value reaches every rank."""
 
     def __init__(self) -> None:
@@ -88,6 +109,12 @@ class TestActor(Worker):
 
     def foo(self, y):
         return self._x + y
+
+    def state_dict(self):
+        return {"x": self._x}
+
+    def load_state_dict(self, state):
+        self._x = state["x"]
 
     @register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
     def foo_rank_zero(self, x, y):

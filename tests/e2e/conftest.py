@@ -83,6 +83,7 @@ def limited(tmp_path_factory):
     proc = ServeProcess(
         overrides={"max_body_bytes": 1024, "request_timeout_s": 3, "deployments": [*test_actor, OWN_DEPLOYMENT]},
         env={"SC_AUTH_TOKEN": TOKEN, "PYTHONPATH": str(packages)},
+        state_path=tmp_path_factory.mktemp("limited-state") / "state.db",
     )
     proc.start()  # readiness is an open route, so the token is not needed to wait for it
     try:

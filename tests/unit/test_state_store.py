@@ -5,10 +5,7 @@ a restarted Redis server. No Ray."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -19,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import redis
 import torch
 
 from deployments import state_store
+from deployments.config import StateConfig
 from deployments.state_codec import (
     decode_answer,
     decode_call,
@@ -38,7 +35,6 @@ from deployments.state_store import (
     RedisStateStore,
     ScopeMeta,
     SQLiteStateStore,
-    StateConfig,
     StateMismatchError,
     StateStore,
     StateStoreUnavailable,
@@ -47,6 +43,7 @@ from deployments.state_store import (
     open_store,
     scope_name,
 )
+from tests.redis_server import RedisServer, redis_binary
 from tests.unit.state_store_child import SNAPSHOT_EVERY, answer_for, payload
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,72 +54,9 @@ SCOPE = "accumulators/gpu_accumulator"
 # -- a real redis-server, one per module ------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class RedisServer:
-    """redis-server on a free port with its files in a temp dir, append-only file on:
-    started, SIGKILLed and started again by the tests (only this process, by its pid)."""
-
-    def __init__(self, binary: str, directory: Path) -> None:
-        self.binary, self.directory = binary, directory
-        self.port = _free_port()
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, appendonly: bool = True) -> RedisServer:
-        self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
-             "--appendonly", "yes" if appendonly else "no", "--appendfsync", "always", "--save", "",
-             "--daemonize", "no", "--logfile", str(self.directory / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    log = (self.directory / "redis.log").read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"redis-server did not start on port {self.port}:\n{log}") from None
-                time.sleep(0.05)
-        client.close()
-        return self
-
-    def kill(self) -> None:
-        self.proc.kill()  # SIGKILL: no shutdown save, only what the append-only file holds
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-def _redis_binary() -> str:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        message = "redis-server is not installed (Debian: apt-get install -y redis-server)"
-        if os.environ.get("SC_REQUIRE_SYSTEM_DEPS") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return binary
-
-
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory):
-    server = RedisServer(_redis_binary(), tmp_path_factory.mktemp("redis")).start()
+    server = RedisServer(redis_binary(), tmp_path_factory.mktemp("redis")).start()
     yield server
     server.stop()
 
@@ -631,7 +565,7 @@ def test_redis_keeps_acknowledged_records_when_the_server_is_killed(redis_server
 
 
 def test_redis_without_an_append_only_file_is_refused(tmp_path):
-    server = RedisServer(_redis_binary(), tmp_path).start(appendonly=False)
+    server = RedisServer(redis_binary(), tmp_path).start(appendonly=False)
     try:
         with pytest.raises(ValueError, match="appendonly yes"):
             RedisStateStore(server.url)
