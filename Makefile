@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-unit test-ray test-e2e lint serve serve-fresh bench clean
+.PHONY: venv test test-unit test-ray test-e2e lint serve serve-fresh bench rayservice clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -41,6 +41,10 @@ serve-fresh: $(STAMP)
 # Benchmarks: bench/results/latest.json and latest.png (BENCH_ARGS=--quick for a short run).
 bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
+
+# Copy serve_config.yaml into deploy/rayservice.yaml's serveConfigV2 (after editing it).
+rayservice: $(STAMP)
+	$(PY) deploy/embed_serve_config.py
 
 clean:
 	rm -rf $(VENV)
