@@ -19,6 +19,7 @@ from typing import Any
 
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
+from deployments import metrics
 from deployments.builder import Unit
 from deployments.catalogue import MethodInfo
 from deployments.config import GroupConfig
@@ -198,4 +199,4 @@ class Supervisor:
         futures = [future for call in pending for future in call.futures]
         if futures:
             await asyncio.gather(*as_asyncio(futures))
-        return len(pending)
+        return metrics.calls_replayed(member.name, len(pending))
