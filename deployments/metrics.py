@@ -147,6 +147,21 @@ def call_labels(controller: Any, request: CallRequest) -> dict[str, str]:
     return {"group": request.group, "method": request.method if request.method in state.methods else UNKNOWN}
 
 
+async def _settled(answer: Awaitable[Any], record: Callable[[Any, dict[str, str], float], None]) -> Any:
+    """Await ``answer`` (a ``CallResult`` or ``InferResult``), then give ``record`` the
+    answer (None when it raised), its outcome labels and its seconds, however it ended."""
+    started, result, ended = time.perf_counter(), None, {}
+    try:
+        result = await answer
+        ended = outcome(result.error)
+        return result
+    except BaseException as exc:
+        ended = _failure(exc)
+        raise
+    finally:
+        record(result, ended, time.perf_counter() - started)
+
+
 def _journal_length(state: Any) -> None:
     _metrics().journal.set(len(state.journal), tags={"group": state.name})
 
@@ -159,21 +174,16 @@ def observed_call(call: Callable[[Any, CallRequest], Awaitable[CallResult]]) -> 
     async def observed(controller: Any, request: CallRequest) -> CallResult:
         metrics, labels = _metrics(), call_labels(controller, request)
         metrics.change_in_flight(labels, 1)
-        started = time.perf_counter()
-        try:
-            result = await call(controller, request)
-            ended = outcome(result.error)
-            return result
-        except BaseException as exc:
-            ended = _failure(exc)
-            raise
-        finally:
+
+        def record(result: CallResult | None, ended: dict[str, str], seconds: float) -> None:
             metrics.change_in_flight(labels, -1)
             metrics.calls.inc(tags={**labels, **ended})
-            metrics.call_duration.observe(time.perf_counter() - started, tags=labels)
+            metrics.call_duration.observe(seconds, tags=labels)
             state = controller.groups.get(request.group)
             if state is not None:
                 _journal_length(state)
+
+        return await _settled(call(controller, request), record)
 
     return observed
 
@@ -220,27 +230,20 @@ def observed_inference(
     async def observed(server: Any, name: str, inputs: dict[str, Any]) -> InferResult:
         metrics = _metrics()
         model = name if name in server.models else UNKNOWN
-        started = time.perf_counter()
-        result: InferResult | None = None
-        try:
-            result = await infer(server, name, inputs)
-            ended = outcome(result.error)
-            return result
-        except BaseException as exc:
-            ended = _failure(exc)
-            raise
-        finally:
+        statistics = model_statistics.of(model) if model != UNKNOWN else None
+
+        def record(result: InferResult | None, ended: dict[str, str], seconds: float) -> None:
             metrics.inferences.inc(tags={"model": model, **ended})
-            total_s = time.perf_counter() - started
-            statistics = model_statistics.of(model) if model != UNKNOWN else None
             if result is not None and result.ok:
                 labels = {"model": model}
                 metrics.batch_size.observe(result.batch_size, tags=labels)
                 metrics.queue.observe(result.queue_s, tags=labels)
                 metrics.compute.observe(result.compute_s, tags=labels)
                 if statistics is not None:
-                    statistics.succeeded(total_s, result.queue_s, result.compute_s, result.batch_size)
+                    statistics.succeeded(seconds, result.queue_s, result.compute_s, result.batch_size)
             elif statistics is not None:
-                statistics.failed(total_s)
+                statistics.failed(seconds)
+
+        return await _settled(infer(server, name, inputs), record)
 
     return observed

@@ -10,7 +10,6 @@ import re
 import httpx
 import pytest
 
-from tests.browser import chromium
 from tests.unit.observed_stub import GROUPS, JOB, observed_app
 from tests.unit.served_app import served
 
@@ -97,12 +96,6 @@ def test_docs_load_their_assets_from_the_ingress():
 # -- in a real browser -------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as opened:
-        yield opened
-
-
 def test_in_a_browser_login_then_the_page_shows_groups_ranks_and_jobs(browser):
     with served(observed_app(TOKEN)) as url:
         page = browser.new_page()
@@ -130,7 +123,8 @@ def test_in_a_browser_login_then_the_page_shows_groups_ranks_and_jobs(browser):
         ready = page.locator('tr[data-group="gpu_accumulator"] .rank')
         ready.nth(3).wait_for()
         assert ready.count() == 4
-        assert ready.nth(2).inner_text() == "rank 2 \u00b7 node ab12cd34 (10.0.0.7) \u00b7 pid 4002 \u00b7 GPU 2"
+        assert ready.nth(2).inner_text() == "rank 2 \u00b7 node ab12cd34 \u00b7 pid 4002 \u00b7 GPU 2"
+        assert ready.nth(2).get_attribute("title") == "ab12cd34ef56" * 4 + "\n10.0.0.7"
         job = page.locator(f'tr[data-job="{JOB["id"]}"]')
         assert job.get_attribute("data-status") == "running" and "50%" in job.inner_text()
         assert "mlp.run_layer (split 4)" in job.inner_text()
