@@ -3,7 +3,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-unit test-ray test-e2e lint serve serve-fresh bench rayservice clean
+.PHONY: venv system-deps test test-unit test-ray test-e2e lint serve serve-fresh bench rayservice clean
+
+# Debian packages the tests use: Chromium and its driver (the browser tests) and Redis
+# (the state store's backend). Installed when missing, as root where apt-get exists;
+# otherwise the tests that need them skip (SC_REQUIRE_SYSTEM_DEPS=1 makes them fail).
+SYSTEM_PACKAGES := chromium chromium-driver redis-server
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -17,18 +22,29 @@ venv: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP)
+system-deps:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq $$missing || { apt-get update -qq && apt-get install -y -qq $$missing; } \
+			|| echo "could not install $$missing: the tests that need them will skip"; \
+	else \
+		echo "missing Debian packages: $$missing (as root: apt-get install -y $$missing)"; \
+	fi
+
+test: system-deps $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The three layers of the suite: no Ray (seconds), one Ray cluster, `serve run` end to end.
-test-unit: $(STAMP)
+test-unit: system-deps $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
 
 test-ray: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/ray $(PYTEST_ARGS)
 
-test-e2e: $(STAMP)
+test-e2e: system-deps $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/e2e $(PYTEST_ARGS)
 
 serve: $(STAMP)

@@ -10,6 +10,7 @@ another site's page can neither read nor post with it.
 from __future__ import annotations
 
 import hmac
+from urllib.parse import urlencode
 
 from fastapi import Request
 
@@ -22,13 +23,24 @@ def token_matches(given: str | None, token: str) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), token.encode())
 
 
-def require_token(request: Request) -> None:
-    """FastAPI dependency: 401 unless the request carries the configured token."""
+def authorized(request: Request) -> bool:
+    """Whether the request carries the configured token (or none is configured)."""
     token = request.app.state.settings.auth_token
     if not token:
-        return
+        return True
     header = request.headers.get("authorization", "")
     bearer = header[7:] if header[:7].lower() == "bearer " else None
-    if token_matches(bearer, token) or token_matches(request.cookies.get(COOKIE), token):
-        return
-    raise ApiError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+    return token_matches(bearer, token) or token_matches(request.cookies.get(COOKIE), token)
+
+
+def require_token(request: Request) -> None:
+    """FastAPI dependency: 401 unless the request carries the configured token."""
+    if not authorized(request):
+        raise ApiError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+
+
+def require_page_token(request: Request) -> None:
+    """FastAPI dependency of the HTML pages: a browser without the token is sent to the
+    login form, which brings it back here."""
+    if not authorized(request):
+        raise ApiError(303, "sign in first", {"Location": "/login?" + urlencode({"next": request.url.path})})

@@ -38,6 +38,8 @@ class Backend(Protocol):
 
     async def infer(self, model: str, inputs: dict[str, Any]) -> InferResult: ...
 
+    async def model_statistics(self, model: str) -> dict[str, Any] | ControllerError: ...
+
     async def submit_job(self, request: CallRequest, split: int) -> dict[str, Any] | ControllerError: ...
 
     async def job(self, job_id: str, action: str = "status") -> dict[str, Any] | None: ...
@@ -114,6 +116,9 @@ class ServeBackend:
 
     async def infer(self, model: str, inputs: dict[str, Any]) -> InferResult:
         return await self._within_deadline(self._model_owner(model).infer.remote(model, inputs), model)
+
+    async def model_statistics(self, model: str) -> dict[str, Any] | ControllerError:
+        return await self._within_deadline(self._model_owner(model).model_statistics.remote(model), model)
 
     # -- jobs -----------------------------------------------------------------------------
     def _jobs(self) -> Any:

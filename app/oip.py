@@ -16,7 +16,9 @@ from wire.oip_messages import build_infer_response, parse_infer_request, request
 
 SERVER_NAME = "hybridflow-single-controller"
 SERVER_VERSION = "0.2.0"
-EXTENSIONS = ["binary_tensor_data"]
+#: Triton's names: the binary tensor data, statistics and model repository extensions
+#: (the repository's load and unload answer 400: the serve config fixes the models).
+EXTENSIONS = ["binary_tensor_data", "statistics", "model_repository"]
 
 
 def parse_request(

@@ -177,3 +177,67 @@ class ModelMetadata(BaseModel):
     platform: str = Field(..., description="Framework that runs the model.", examples=["pytorch_megatron_core"])
     inputs: list[MetadataTensor] = Field(..., description="Inputs the model takes.")
     outputs: list[MetadataTensor] = Field(..., description="Outputs the model returns.")
+
+
+# -- statistics extension ------------------------------------------------------------------
+
+
+class DurationStatistic(BaseModel):
+    """A count and a cumulative duration."""
+
+    count: NonNegativeInt = Field(..., description="How many times the duration was measured.", examples=[12])
+    ns: NonNegativeInt = Field(..., description="Their total, in nanoseconds.", examples=[48000000])
+
+
+class InferenceStatistics(BaseModel):
+    success: DurationStatistic = Field(..., description="Requests answered with outputs, and their whole time.")
+    fail: DurationStatistic = Field(..., description="Requests that failed, and their time.")
+    queue: DurationStatistic = Field(..., description="Time requests waited for a batch.")
+    compute_input: DurationStatistic = Field(..., description="Checking inputs against the model's spec.")
+    compute_infer: DurationStatistic = Field(..., description="The group call that runs the model.")
+    compute_output: DurationStatistic = Field(..., description="Work on the outputs after the call (none here).")
+    cache_hit: DurationStatistic = Field(..., description="Always zero: there is no response cache.")
+    cache_miss: DurationStatistic = Field(..., description="Always zero: there is no response cache.")
+
+
+class BatchStatistic(BaseModel):
+    batch_size: int = Field(..., ge=1, description="Requests run in one execution.", examples=[1])
+    compute_input: DurationStatistic
+    compute_infer: DurationStatistic
+    compute_output: DurationStatistic
+
+
+class ModelStatistic(BaseModel):
+    """One model version's cumulative statistics since its controller replica started."""
+
+    name: str = Field(..., examples=["mlp"])
+    version: str = Field(..., examples=["1"])
+    last_inference: NonNegativeInt = Field(..., description="Milliseconds since the epoch (0: none yet).")
+    inference_count: NonNegativeInt = Field(..., description="Successful inferences.")
+    execution_count: NonNegativeInt = Field(..., description="Model executions (a batch is one).")
+    inference_stats: InferenceStatistics
+    batch_stats: list[BatchStatistic]
+
+
+class ModelStatisticsResponse(BaseModel):
+    """``GET /v2/models[/{model}[/versions/{version}]]/stats`` (Triton's statistics extension)."""
+
+    model_stats: list[ModelStatistic]
+
+
+# -- model repository extension -------------------------------------------------------------
+
+
+class RepositoryIndexRequest(BaseModel):
+    """``POST /v2/repository/index``; an empty body asks for every model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ready: bool = Field(False, strict=True, description="List only the models ready for inference.")
+
+
+class RepositoryModel(BaseModel):
+    name: str = Field(..., examples=["mlp"])
+    version: str = Field(..., examples=["1"])
+    state: Literal["READY", "UNAVAILABLE"] = Field(..., description="READY when its group is ready.")
+    reason: str = Field(..., description="Why the model is not ready (empty when it is).", examples=[""])

@@ -10,6 +10,7 @@ from typing import Any
 import ray
 from ray.serve import Application
 
+from app.errors import STATUS_OF
 from app.ingress import Ingress
 from app.settings import IngressSettings, ModelRoute
 from deployments.config import ServiceConfig, load_config
@@ -54,12 +55,14 @@ def build(args: dict[str, Any] | None = None) -> Application:
     config.state = config.state.resolved()
     budget = GpuBudget(_cluster_gpus())
     service = config.model_dump(mode="json", exclude={"deployments"})
+    # The controllers count calls by the HTTP status the ingress answers (deployments.metrics).
+    status_codes = {kind.value: status for kind, status in STATUS_OF.items()}
     controllers: dict[str, Application] = {}
     for deployment in config.deployments:
         plan = plan_deployment(deployment, config, budget)
         controllers[deployment.name] = ControllerDeployment.options(
             name=deployment.name, max_ongoing_requests=deployment.max_ongoing_requests, **plan.serve_options()
-        ).bind(deployment.model_dump(mode="json"), plan, service)
+        ).bind(deployment.model_dump(mode="json"), plan, service, status_codes)
     read_only = {group.name: list(group.read_only) for _, group in config.groups()}
     jobs = JobsDeployment.bind(controllers, read_only, config.limits.model_dump())
     return Ingress.options(

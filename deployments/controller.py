@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from deployments import metrics
 from deployments.builder import Unit
 from deployments.catalogue import catalogue, per_rank_problem
 from deployments.config import DeploymentConfig, LimitsConfig, StateConfig, import_worker
@@ -95,7 +96,7 @@ class GroupController:
             for member in state.members:
                 member.unit = state
             self.units.append(state)
-        self.supervisor = Supervisor(self.units, request_timeout_s, health_timeout_s)
+        self.supervisor = Supervisor(self.units, request_timeout_s, health_timeout_s, on_rebuilt=metrics.unit_rebuilt)
         self.answers: IdempotencyCache[CallResult] = IdempotencyCache(limits.idempotency_keys, limits.idempotency_bytes)
 
     async def open(self) -> None:
@@ -113,6 +114,7 @@ class GroupController:
         await self.supervisor.start_all()
 
     # -- calls -------------------------------------------------------------------------
+    @metrics.observed_call
     async def call(self, request: CallRequest) -> CallResult:
         """Run one call. With an Idempotency-Key, a repeat of a call that got a final
         answer gets that answer and is not applied again; the same key with another

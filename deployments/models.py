@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from deployments import metrics
 from deployments.config import ModelConfig
 from deployments.contract import CallRequest, ControllerError, ErrorKind, InferResult
 from deployments.supervisor import READY, as_asyncio
@@ -72,6 +73,7 @@ class ModelServer:
             "outputs": spec["outputs"],
         }
 
+    @metrics.observed_inference
     async def infer(self, name: str, inputs: dict[str, torch.Tensor]) -> InferResult:
         """Run the model on one request's inputs; the output tensors by name."""
         model = self.models.get(name)

@@ -10,9 +10,17 @@ from typing import Any
 import ray
 from ray import serve
 
+from deployments import metrics, model_statistics
 from deployments.builder import PoolSet, units
 from deployments.config import DeploymentConfig, ServiceConfig
-from deployments.contract import CallRequest, CallResult, ControllerError, GroupSummary, InferResult
+from deployments.contract import (
+    CallRequest,
+    CallResult,
+    ControllerError,
+    ErrorKind,
+    GroupSummary,
+    InferResult,
+)
 from deployments.controller import GroupController
 from deployments.models import ModelServer
 from deployments.placement import DeploymentPlan
@@ -28,7 +36,15 @@ class ControllerDeployment:
     never waits behind calls and never fails the replica for a lost worker (that group
     is rebuilt in the background)."""
 
-    async def __init__(self, deployment: dict[str, Any], plan: DeploymentPlan, service: dict[str, Any]) -> None:
+    async def __init__(
+        self,
+        deployment: dict[str, Any],
+        plan: DeploymentPlan,
+        service: dict[str, Any],
+        status_codes: dict[str, int] | None = None,
+    ) -> None:
+        # The HTTP status of each error kind, for the calls' ``code`` label (deployments.metrics).
+        metrics.use_status_codes(status_codes or {})
         # Tensors from the ingress arrive zero-copy, read-only (deployments.application's
         # INGRESS_RUNTIME_ENV); the controller only reads and forwards them, so torch's
         # warning about non-writable arrays says nothing here.
@@ -73,8 +89,15 @@ class ControllerDeployment:
     async def infer(self, model: str, inputs: dict[str, Any]) -> InferResult:
         return await self.models.infer(model, inputs)
 
+    async def model_statistics(self, model: str) -> dict[str, Any] | ControllerError:
+        """The model's cumulative statistics, as Triton's statistics extension reports them."""
+        if model not in self.models.models:
+            return ControllerError(ErrorKind.UNKNOWN_MODEL, f"unknown model {model!r}")
+        return model_statistics.of(model).as_triton()
+
     async def check_health(self) -> None:
         await self.controller.check_health()
+        metrics.sample_groups(self.controller)
 
     def __del__(self) -> None:
         controller = getattr(self, "controller", None)

@@ -21,6 +21,7 @@ from typing import Any
 
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
+from deployments import metrics
 from deployments.builder import Unit
 from deployments.catalogue import MethodInfo
 from deployments.config import GroupConfig
@@ -210,4 +211,4 @@ class Supervisor:
     async def replay(self, member: GroupState) -> int:
         """Give the member's fresh workers its stored state: the snapshot, then every
         acknowledged call after it in order; returns how many calls were replayed."""
-        return await member.durability.restore(member)
+        return metrics.calls_replayed(member.name, await member.durability.restore(member))

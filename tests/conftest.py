@@ -64,3 +64,13 @@ def http(service):
 
     with httpx.Client(base_url=service.url, timeout=300) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium (tests/browser.py): the test skips without it, or fails under
+    SC_REQUIRE_SYSTEM_DEPS=1."""
+    from tests.browser import chromium
+
+    with chromium() as opened:
+        yield opened

@@ -1,2 +1,2 @@
 """The HTTP routes, one router per concern: health probes, groups and calls, jobs, the
-Open Inference Protocol, and the API docs."""
+Open Inference Protocol and its extensions, the status page, login, and the API docs."""

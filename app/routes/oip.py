@@ -15,6 +15,7 @@ from app.errors import ApiError
 from app.oip_models import InferResponse, ModelMetadata, ServerMetadata
 from app.routes.common import backend, errors, off_loop, settings
 from app.schemas import INFER_BODY_DOC
+from app.settings import ModelRoute
 from deployments.contract import ControllerError
 
 #: Probes: they answer without a token.
@@ -38,7 +39,7 @@ async def server_metadata() -> dict[str, Any]:
     return {"name": oip.SERVER_NAME, "version": oip.SERVER_VERSION, "extensions": oip.EXTENSIONS}
 
 
-def _route(request: Request, model: str):
+def model_route(request: Request, model: str) -> ModelRoute:
     route = settings(request).models.get(model)
     if route is None:
         raise ApiError(404, f"unknown model {model!r}; models: {', '.join(sorted(settings(request).models))}")
@@ -47,7 +48,7 @@ def _route(request: Request, model: str):
 
 @router.get("/v2/models/{model}", response_model=ModelMetadata, responses=errors(404))
 async def model_metadata(model: str, request: Request) -> dict[str, Any]:
-    _route(request, model)
+    model_route(request, model)
     found = await backend(request).model_metadata(model)
     if isinstance(found, ControllerError):
         raise ApiError.of(found)
@@ -56,7 +57,7 @@ async def model_metadata(model: str, request: Request) -> dict[str, Any]:
 
 @router.get("/v2/models/{model}/ready", responses=errors(404, 503))
 async def model_ready(model: str, request: Request) -> Response:
-    _route(request, model)
+    model_route(request, model)
     return Response(status_code=200 if await backend(request).model_ready(model) else 503)
 
 
@@ -69,7 +70,7 @@ async def model_ready(model: str, request: Request) -> Response:
     openapi_extra=INFER_BODY_DOC,
 )
 async def infer(model: str, request: Request) -> Response:
-    route = _route(request, model)
+    route = model_route(request, model)
     kind = media_type(request.headers.get("content-type"))
     if kind not in ("", JSON, OCTET_STREAM):  # tritonclient sends none
         raise ApiError(415, f"unsupported media type {kind!r}; send {JSON} or {OCTET_STREAM}")

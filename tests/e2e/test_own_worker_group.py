@@ -4,18 +4,12 @@ a temporary directory; here it is called over HTTP and recovered after a worker 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
-KILL = """
-import sys, ray
-ray.init(address=sys.argv[1], namespace=sys.argv[2], logging_level="ERROR")
-ray.kill(ray.get_actor(sys.argv[3], namespace=sys.argv[2]), no_restart=True)
-"""
+from tests.e2e.cluster import kill_actor
 
 
 def call(client, group, method, **body):
@@ -68,8 +62,7 @@ def test_a_killed_worker_is_replaced_and_the_state_replayed(limited, client):
     before = call(client, "counter", "add", kwargs={"x": 1})["output"]
     detail = client.get("/v1/groups/counter").json()
     victim = detail["ranks"][1]["actor_name"]
-    subprocess.run([sys.executable, "-c", KILL, limited.gcs_address(), detail["namespace"], victim],
-                   check=True, timeout=120)
+    kill_actor(limited, detail["namespace"], victim)
     deadline, saw_503 = time.monotonic() + 60, False
     while time.monotonic() < deadline:
         response = client.post("/v1/groups/counter/get", json={})

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import torch
 
+from tests.e2e.cluster import kill_actor
 from tests.mlp_reference import SMALL, assert_close, from_json, reference_mlp, to_json
 
 
@@ -75,17 +76,9 @@ def test_idempotency_key_applies_once(http):
     assert values(http, "gpu_accumulator_decorator") == [b + 5 for b in before]
 
 
-KILL = """
-import sys, ray
-ray.init(address=sys.argv[1], namespace=sys.argv[2], logging_level="ERROR")
-ray.kill(ray.get_actor(sys.argv[3], namespace=sys.argv[2]), no_restart=True)
-"""
-
-
 def test_killed_worker_fails_fast_then_group_recovers_with_acknowledged_state(service, http):
     detail = http.get("/v1/groups/gpu_accumulator").json()
     victim = detail["ranks"][2]["actor_name"]
-    cluster = {"gcs_address": service.gcs_address(), "namespace": detail["namespace"]}
     before = values(http, "gpu_accumulator")
     acknowledged = [0.0] * 4
     failures: list[tuple[int, float, str | None]] = []
@@ -111,10 +104,7 @@ def test_killed_worker_fails_fast_then_group_recovers_with_acknowledged_state(se
         thread.start()
     try:
         time.sleep(2)
-        subprocess.run(
-            [sys.executable, "-c", KILL, cluster["gcs_address"], cluster["namespace"], victim],
-            check=True, timeout=120,
-        )
+        kill_actor(service, detail["namespace"], victim)
         killed_at = time.monotonic()
         recovered_at = None
         while time.monotonic() - killed_at < 60:
@@ -152,11 +142,7 @@ def test_colocated_groups_share_processes_and_recover_together(service, http):
     assert ok.status_code == 200, ok.text
     assert http.post("/v1/groups/gpu_accumulator_decorator/add", json={"kwargs": {"x": 3}}).status_code == 200
     before = {g: values(http, g) for g in ("gpu_accumulator_merge", "gpu_accumulator_decorator")}
-    subprocess.run(
-        [sys.executable, "-c", KILL, service.gcs_address(), merge["namespace"],
-         merge["ranks"][5]["actor_name"]],
-        check=True, timeout=120,
-    )
+    kill_actor(service, merge["namespace"], merge["ranks"][5]["actor_name"])
     # Both groups lost rank 5: each answers 503 (with Retry-After) until rebuilt.
     for group, body in (("gpu_accumulator_decorator", {"kwargs": {"x": 1}}),
                         ("gpu_accumulator_merge", {"kwargs": {"x": [1] * 8}})):

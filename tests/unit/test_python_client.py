@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
 from typing import Any
 
 import httpx
 import pytest
 import torch
-import uvicorn
 
 from app.http_app import create_app
 from app.settings import IngressSettings, ModelRoute
@@ -33,6 +30,7 @@ from deployments.contract import (
     InferResult,
     MethodSummary,
 )
+from tests.unit.served_app import served
 from wire.oip_messages import parse_infer_request
 from wire.safetensors_call import decode_safetensors
 
@@ -187,22 +185,8 @@ def make_service() -> tuple[Any, dict[str, Any]]:
 def fake():
     """The app served by uvicorn on a free 127.0.0.1 port: (url, state)."""
     app, state = make_service()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "the app did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}", state
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    with served(app) as url:
+        yield url, state
 
 
 @pytest.fixture

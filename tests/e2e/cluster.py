@@ -1,0 +1,74 @@
+"""Reaching a ``serve run``'s own Ray cluster from a test: with Ray's API in a subprocess
+(the test process may hold a Ray cluster of its own), and its metrics as Prometheus
+scrapes them from every node's metrics endpoint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from clients.local_server import ServeProcess
+
+KILL = """
+import sys, ray
+ray.init(address=sys.argv[1], namespace=sys.argv[2], logging_level="ERROR")
+ray.kill(ray.get_actor(sys.argv[3], namespace=sys.argv[2]), no_restart=True)
+"""
+
+METRICS_ENDPOINTS = """
+import json, sys, ray
+ray.init(address=sys.argv[1], logging_level="ERROR")
+print(json.dumps([f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics" for n in ray.nodes() if n["Alive"]]))
+"""
+
+
+def kill_actor(service: ServeProcess, namespace: str, name: str) -> None:
+    """Kill a named actor of the service's cluster (a worker, as a crash would)."""
+    subprocess.run([sys.executable, "-c", KILL, service.gcs_address(), namespace, name], check=True, timeout=120)
+
+
+def metrics_endpoints(service: ServeProcess) -> list[str]:
+    """Every live node's Prometheus endpoint (``MetricsExportPort`` in ``ray.nodes()``)."""
+    done = subprocess.run([sys.executable, "-c", METRICS_ENDPOINTS, service.gcs_address()],
+                          capture_output=True, text=True, check=True, timeout=120)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+class Samples:
+    """One scrape of every endpoint: samples by name, each with its labels."""
+
+    def __init__(self, endpoints: list[str]) -> None:
+        self.samples: list[tuple[str, dict[str, str], float]] = []
+        for url in endpoints:
+            text = httpx.get(url, timeout=30).text
+            for family in text_string_to_metric_families(text):
+                self.samples.extend((s.name, s.labels, s.value) for s in family.samples)
+
+    def matching(self, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+        return [
+            (found, value)
+            for sample, found, value in self.samples
+            if sample == name and all(found.get(key) == wanted for key, wanted in labels.items())
+        ]
+
+    def total(self, name: str, **labels: str) -> float:
+        """The sum over every series of ``name`` with these labels (replicas, workers); 0 when none."""
+        return sum(v for _, v in self.matching(name, **labels))
+
+
+def scrape_until(endpoints: list[str], done: Callable[[Samples], bool], timeout_s: float = 60.0) -> Samples:
+    """Scrape until ``done`` holds: Ray exports what a process recorded every few seconds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = Samples(endpoints)
+        if done(samples):
+            return samples
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the metrics did not show it within {timeout_s:g} s")
+        time.sleep(1)

@@ -1,0 +1,93 @@
+"""The status page and the API docs of the session's service in a real headless Chromium:
+the tutorial's groups with their rank placement, a job's progress, a group shown
+rebuilding after one of its workers is killed (and ready again, with the rebuild counted
+in the metrics), and Swagger UI rendered from the ingress's own assets."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tests.browser import save_screenshot
+from tests.e2e.cluster import kill_actor, metrics_endpoints, scrape_until
+
+TUTORIAL = {
+    "accumulators": ["accumulator", "gpu_accumulator", "gpu_accumulator_a", "gpu_accumulator_merge",
+                     "gpu_accumulator_decorator"],
+    "test_actor": ["test_actor"],
+    "mlp": ["mlp"],
+}
+VICTIM = "gpu_accumulator_a"
+
+
+def row(group: str, status: str | None = None) -> str:
+    return f'tr[data-group="{group}"]' + (f'[data-status="{status}"]' if status else "")
+
+
+def pids_shown(page, group: str, count: int) -> list[int]:
+    chips = page.locator(row(group) + " .rank")
+    chips.nth(count - 1).wait_for()
+    return [int(text.split("pid ")[1].split(" ")[0]) for text in chips.all_inner_texts()]
+
+
+def test_status_page_shows_groups_a_job_and_a_rebuild(service, http, browser, tmp_path):
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    outside: list[str] = []
+    page.on("request", lambda r: None if r.url.startswith(service.url) else outside.append(r.url))
+    page.goto(service.url + "/")
+    for deployment, groups in TUTORIAL.items():
+        section = page.locator(f'section[data-deployment="{deployment}"]')
+        for group in groups:
+            section.locator(row(group, "ready")).wait_for(timeout=30_000)
+    assert page.locator("tr[data-group]").count() == sum(map(len, TUTORIAL.values()))
+    detail = http.get(f"/v1/groups/{VICTIM}").json()
+    assert pids_shown(page, VICTIM, 4) == [r["pid"] for r in detail["ranks"]]
+
+    # a job, with its progress
+    hidden = http.get("/v2/models/mlp").json()["inputs"][0]["shape"][-1]
+    x = {"datatype": "FP32", "shape": [4, 1, hidden], "data": [0.01] * (4 * hidden)}
+    job = http.post("/v1/jobs/mlp/run_layer?split=4", json={"args": [[x]]})
+    assert job.status_code == 202, job.text
+    shown = page.locator(f'tr[data-job="{job.json()["id"]}"][data-status="succeeded"]')
+    shown.wait_for(timeout=60_000)
+    assert "100%" in shown.inner_text() and "mlp.run_layer (split 4)" in shown.inner_text()
+
+    # a worker dies: the page shows the group rebuilding, with why, then ready on new processes
+    kill_actor(service, detail["namespace"], detail["ranks"][1]["actor_name"])
+    deadline = time.monotonic() + 30
+    while http.post(f"/v1/groups/{VICTIM}/get_value", json={}).status_code != 503:  # a call notices at once
+        assert time.monotonic() < deadline, "the group never noticed its dead worker"
+        time.sleep(0.2)
+    rebuilding = page.locator(row(VICTIM, "rebuilding"))
+    rebuilding.wait_for(timeout=15_000)
+    assert "ActorDiedError" in rebuilding.locator(".error").inner_text()  # why: the last error
+    save_screenshot(page, tmp_path / "status-page.png")
+    page.locator(row(VICTIM, "ready")).wait_for(timeout=120_000)
+    rebuilt = http.get(f"/v1/groups/{VICTIM}").json()
+    assert rebuilt["rebuilds"] == detail["rebuilds"] + 1
+    new_pids = pids_shown(page, VICTIM, 4)
+    assert new_pids == [r["pid"] for r in rebuilt["ranks"]] and set(new_pids).isdisjoint(r["pid"] for r in detail["ranks"])
+    assert Path(tmp_path / "status-page.png").stat().st_size > 10_000
+    assert outside == []
+
+    # the metrics count the same rebuilds and replayed calls as the group reports
+    labels = {"group": VICTIM}
+    scrape_until(metrics_endpoints(service), lambda s: (
+        s.total("ray_hybridflow_group_rebuilds_total", **labels) == rebuilt["rebuilds"]
+        and s.total("ray_hybridflow_group_replayed_calls_total", **labels) == rebuilt["replayed_calls"]
+    ))
+    page.close()
+
+
+def test_swagger_ui_renders_offline_and_lists_the_routes(service, browser):
+    page = browser.new_page()
+    outside: list[str] = []
+    page.on("request", lambda r: None if r.url.startswith(service.url) else outside.append(r.url))
+    page.goto(service.url + "/docs")
+    page.wait_for_selector(".opblock-summary-path", timeout=30_000)
+    paths = set(page.locator(".opblock-summary-path").evaluate_all("els => els.map(e => e.dataset.path)"))
+    assert {"/readyz", "/v1/groups", "/v1/groups/{group}/{method}", "/v1/jobs/{group}/{method}", "/v2/models/{model}/infer",
+            "/v2/models/{model}/stats", "/v2/repository/index"} <= paths
+    assert page.locator(".swagger-ui .info .title").inner_text().startswith("HybridFlow single controller")
+    assert outside == []
+    page.close()
