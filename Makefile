@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-unit test-ray test-e2e lint serve bench clean
+.PHONY: venv test test-unit test-ray test-e2e lint serve bench clean image image-test cluster-test
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -37,6 +37,21 @@ serve: $(STAMP)
 # Benchmarks: bench/results/latest.json and latest.png (BENCH_ARGS=--quick for a short run).
 bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
+
+# The container image (tag $(IMAGE)); where no registry or PyTorch index is reachable the
+# build uses stand-ins for them (deploy/build-image.sh). The image and cluster tests run
+# against a real Docker engine and remove what they start.
+IMAGE ?= hybridflow-serve
+DOCKER_PYTEST := HYBRIDFLOW_DOCKER_TESTS=1 IMAGE=$(IMAGE) $(PY) -m pytest -q -s -p no:cacheprovider --timeout=1800
+
+image:
+	IMAGE=$(IMAGE) deploy/build-image.sh
+
+image-test: $(STAMP) image
+	$(DOCKER_PYTEST) tests/docker/test_image.py $(PYTEST_ARGS)
+
+cluster-test: $(STAMP) image
+	$(DOCKER_PYTEST) tests/docker/test_cluster.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV)
