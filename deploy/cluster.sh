@@ -105,7 +105,16 @@ status)
     docker exec "$HEAD" serve status
     ;;
 stop-worker)
-    docker stop "$WORKER" >/dev/null
+    # docker stop: SIGTERM, then SIGKILL after 10 s. The engine sometimes reports a kill
+    # whose exit it did not see in time; the container is stopped once it is not running.
+    docker stop "$WORKER" >/dev/null 2>&1 || true
+    for _ in $(seq 30); do
+        if [[ "$(docker inspect -f '{{.State.Running}}' "$WORKER")" == false ]]; then exit 0; fi
+        docker kill "$WORKER" >/dev/null 2>&1 || true
+        sleep 2
+    done
+    echo "cluster: $WORKER did not stop" >&2
+    exit 1
     ;;
 start-worker)
     before=$(worker_ids)

@@ -4,8 +4,10 @@ application deployed with `serve deploy` and served on the head's port 8000.
 
 Checks: both nodes joined; a pool declared over two nodes (`process_on_nodes: [2, 2]`)
 has ranks on both node IDs with local ranks 0, 1 on each; the tutorial answers; stopping
-the worker container makes the groups with ranks on it answer 503 with Retry-After, and
-starting it again brings them back with no acknowledged call lost.
+the worker container (under load) and starting it again brings every group with ranks on
+it back; and those a guarantee covers answer 503 with Retry-After meanwhile and lose no
+acknowledged call. The journal covers a group whose controller outlives the node; the
+durable state store (issue 13, on a volume both nodes share) covers every group.
 """
 
 from __future__ import annotations
@@ -66,6 +68,10 @@ def alive_nodes() -> list[dict[str, Any]]:
     return [node for node in json.loads(listing) if node["state"] == "ALIVE"]
 
 
+def application_args(config: Path) -> dict[str, Any]:
+    return yaml.safe_load(config.read_text())["applications"][0].get("args") or {}
+
+
 def config_declaring_spread(tmp: Path) -> Path | None:
     """serve_config.yaml plus the two-node `spread` deployment, where the config format
     declares groups (`args.deployments[].groups[]`); None where it cannot yet."""
@@ -85,6 +91,7 @@ class Cluster:
     url: str
     client: httpx.Client
     spread: bool  # the config declares the two-node pool
+    args: dict[str, Any]  # the application's args as deployed
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +112,8 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
 
             waited = wait_ready(client, READY_TIMEOUT_S, head_down)
             print(f"/readyz 200 {waited:.0f} s after serve deploy")
-            yield Cluster(url, client, spread_config is not None)
+            deployed = application_args(spread_config or ROOT / "serve_config.yaml")
+            yield Cluster(url, client, spread_config is not None, deployed)
     finally:
         cluster_sh("down")
 
@@ -265,15 +273,70 @@ def check_no_acknowledged_call_lost(probe: Probe, before: Any, after: Any) -> st
     return None
 
 
-def test_losing_the_worker_node_answers_503_then_recovers_every_acknowledged_call(cluster):
+#: Which deployment owns which group, for a config that does not list groups (the format
+#: before issue 12); a config with `args.deployments[].groups[]` says it itself.
+LEGACY_OWNERS = {
+    "accumulator": "accumulators", "gpu_accumulator": "accumulators", "gpu_accumulator_a": "accumulators",
+    "gpu_accumulator_merge": "accumulators", "gpu_accumulator_decorator": "accumulators",
+    "test_actor": "test_actor", "mlp": "mlp",
+}
+
+
+def group_owners(args: dict[str, Any]) -> dict[str, str]:
+    deployments = args.get("deployments")
+    if isinstance(deployments, list) and deployments and isinstance(deployments[0], dict):
+        return {g["name"]: d["name"] for d in deployments for g in d.get("groups", [])}
+    return LEGACY_OWNERS
+
+
+def replica_nodes() -> dict[str, str]:
+    """Each controller deployment's replica -> the node it runs on."""
+    listing = docker("exec", HEAD, "ray", "list", "actors", "--format", "json", "--limit", "10000",
+                     "--filter", "state=ALIVE").stdout
+    prefix = "ServeReplica:hybridflow:"
+    return {a["class_name"][len(prefix):]: a["node_id"] for a in json.loads(listing)
+            if a.get("class_name", "").startswith(prefix)}
+
+
+def state_is_durable(args: dict[str, Any]) -> bool:
+    """The durable state store (issue 13) is configured: `state: {path: <a file>}`."""
+    state = args.get("state")
+    return isinstance(state, dict) and state.get("path") not in (None, "", ":memory:")
+
+
+@dataclass
+class WorkerLoss:
+    """What happened to the groups with ranks on the worker node while it was stopped and
+    started again. ``guaranteed``: the groups whose acknowledged calls must survive (and
+    which must answer 503 meanwhile): their controller outlived the node (the journal's
+    guarantee), or the controllers' state is durable (issue 13's)."""
+
+    probes: list[Probe]
+    guaranteed: list[str]
+    controller_lost: list[str]
+    answered_503: dict[str, bool]
+    recovered: bool
+    problems: dict[str, str | None]  # group -> what was lost (None: nothing)
+
+
+@pytest.fixture(scope="module")
+def worker_loss(cluster) -> WorkerLoss:
     client = cluster.client
     worker_node = next(n["node_id"] for n in alive_nodes() if not n["is_head_node"])
     groups = [g["name"] for g in client.get("/v1/groups").json()["groups"]]
     details = {g: client.get(f"/v1/groups/{g}").json() for g in groups}
     affected = [g for g in groups if any(r.get("node_id") == worker_node for r in details[g]["ranks"])]
     placement = {g: sorted({(r.get("node_id") or "?")[:8] for r in details[g]["ranks"]}) for g in groups}
-    print(f"worker node {worker_node[:8]}; ranks by node: {placement}")
+    print(f"\nworker node {worker_node[:8]}; ranks by node: {placement}")
     assert affected, f"no group has ranks on the worker node, nothing to check: {placement}"
+
+    args = cluster.args
+    owners, replicas = group_owners(args), replica_nodes()
+    controller_lost = [g for g in affected if replicas.get(owners.get(g, "")) == worker_node]
+    durable = state_is_durable(args)
+    guaranteed = [g for g in affected if durable or g not in controller_lost]
+    print(f"controllers on the worker node: {sorted({owners.get(g) for g in controller_lost})}; "
+          f"durable state: {durable}; guarantee covers: {guaranteed}")
 
     probes = [probe_for(client, g, details[g]) for g in affected]
     before = {p.group: read_state(client, p) for p in probes}
@@ -285,10 +348,13 @@ def test_losing_the_worker_node_answers_503_then_recovers_every_acknowledged_cal
         time.sleep(5)  # acknowledged calls while both nodes are up
         stopped_at = time.monotonic()
         cluster_sh("stop-worker")
-        while not all(p.answered_503_after(stopped_at) for p in probes):
+        watched = [p for p in probes if p.group in guaranteed]
+        while watched and not all(p.answered_503_after(stopped_at) for p in watched):
             if time.monotonic() - stopped_at > OUTAGE_TIMEOUT_S:
                 break
             time.sleep(1)
+        if not watched:
+            time.sleep(45)  # long enough for Ray to declare the node dead
         outage_s = time.monotonic() - stopped_at
         answered_503 = {p.group: p.answered_503_after(stopped_at) for p in probes}
 
@@ -307,20 +373,31 @@ def test_losing_the_worker_node_answers_503_then_recovers_every_acknowledged_cal
         for thread in threads:
             thread.join(timeout=CALL_TIMEOUT_S + 5)
     print(f"worker down {outage_s:.0f} s; groups answering {recovery_s:.0f} s after docker start")
-    for p in probes:
-        print(f"  {p.group} ({p.kind}): {p.statuses()}")
-
-    failures = []
-    missing_503 = [g for g, seen in answered_503.items() if not seen]
-    if missing_503:
-        failures.append(f"no 503 with Retry-After within {OUTAGE_TIMEOUT_S} s of losing the worker: {missing_503}")
-    if not recovered:
-        failures.append(f"not answering again within {RECOVERY_TIMEOUT_S} s of starting the worker")
+    problems: dict[str, str | None] = {}
     for p in probes:
         try:
-            problem = check_no_acknowledged_call_lost(p, before[p.group], read_state(client, p))
+            problems[p.group] = check_no_acknowledged_call_lost(p, before[p.group], read_state(client, p))
         except AssertionError as exc:
-            problem = f"state unreadable: {exc}"
-        if problem:
-            failures.append(f"{p.group}: acknowledged calls lost: {problem}")
-    assert not failures, "\n".join(failures)
+            problems[p.group] = f"state unreadable: {exc}"
+        print(f"  {p.group} ({p.kind}): {p.statuses()}; {problems[p.group] or 'nothing lost'}")
+    return WorkerLoss(probes, guaranteed, controller_lost, answered_503, recovered, problems)
+
+
+def test_losing_the_worker_node_then_starting_it_again_brings_every_group_back(worker_loss):
+    assert worker_loss.recovered, f"not every group answering within {RECOVERY_TIMEOUT_S} s of starting the worker"
+
+
+def test_groups_on_the_lost_node_answer_503_with_retry_after(worker_loss):
+    if not worker_loss.guaranteed:
+        pytest.skip(f"no guarantee covers this layout: the controllers of {worker_loss.controller_lost} ran on "
+                    "the lost node and state is not durable (issue 13)")
+    silent = [g for g in worker_loss.guaranteed if not worker_loss.answered_503[g]]
+    assert not silent, f"no 503 with Retry-After within {OUTAGE_TIMEOUT_S} s of losing the worker: {silent}"
+
+
+def test_no_acknowledged_call_is_lost(worker_loss):
+    if not worker_loss.guaranteed:
+        pytest.skip(f"no guarantee covers this layout: the controllers of {worker_loss.controller_lost} ran on "
+                    "the lost node and state is not durable (issue 13)")
+    lost = {g: worker_loss.problems[g] for g in worker_loss.guaranteed if worker_loss.problems[g]}
+    assert not lost, f"acknowledged calls lost: {lost}"

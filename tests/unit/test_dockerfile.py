@@ -28,8 +28,10 @@ def instructions() -> list[tuple[str, str]]:
 
 def test_dockerfile_passes_hadolint():
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
-    result = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
+    # The image's Dockerfile and the GPU variant's CUDA base.
+    for dockerfile in (ROOT / "Dockerfile", ROOT / "deploy" / "cuda-base.Dockerfile"):
+        result = subprocess.run([hadolint, str(dockerfile)], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, f"{dockerfile.name}: {result.stdout}{result.stderr}"
 
 
 def test_exactly_two_build_args_with_pinned_defaults():
