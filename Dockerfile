@@ -61,9 +61,14 @@ ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 
+# wget: KubeRay's default pod probes run `wget ... | grep success` (deploy/rayservice.yaml).
 # .hybridflow: where the controllers keep durable state (the serve config's `state.path`);
 # a volume mounted there keeps it across containers (deploy/cluster.sh shares one).
-RUN useradd --create-home --uid 1000 --user-group --shell /bin/bash hybridflow \
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends wget \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 1000 --user-group --shell /bin/bash hybridflow \
     && mkdir -p /home/hybridflow/app/.hybridflow \
     && chown -R hybridflow:hybridflow /home/hybridflow/app
 

@@ -63,12 +63,13 @@ def test_image_is_a_venv_run_by_an_unprivileged_user_with_no_build_tools():
     # Looked at as root, so caches in any home would be visible.
     probe = (
         "id -u hybridflow; "
+        "command -v wget; "  # KubeRay's default probes use it
         "for tool in gcc cc c++ g++ make; do command -v $tool; done; "
         "find / -xdev -type d \\( -path '*/.cache/pip' -o -path '*/pip-cache*' \\) 2>/dev/null; "
         "python -c 'import sys, torch; print(sys.prefix, sys.base_prefix != sys.prefix, torch.__version__)'"
     )
     lines = docker("run", "--rm", "--user", "0", "--entrypoint", "sh", IMAGE, "-c", probe).stdout.split()
-    assert lines == ["1000", "/opt/venv", "True", "2.13.0+cpu"], lines
+    assert lines == ["1000", "/usr/bin/wget", "/opt/venv", "True", "2.13.0+cpu"], lines
 
 
 def test_the_tutorial_answers_over_http(running):
