@@ -31,7 +31,10 @@ from tests.docker.support import IMAGE, ROOT, check_tutorial, container_logs, do
 
 NAME = f"hybridflow-clustertest-{os.getpid()}"
 HEAD, WORKER = f"{NAME}-head", f"{NAME}-worker"
-HEAD_CPUS, WORKER_CPUS = 2, 2
+#: Logical CPUs. Ray places each replica's placement group on the node with the larger
+#: share left, so a head twice the worker's size draws the controllers (and the spread
+#: pool's controller) to the head, where they outlive the worker.
+HEAD_CPUS, WORKER_CPUS = 4, 2
 READY_TIMEOUT_S = 600
 #: How long the worker's groups get to answer 503 after its container stops (Ray declares
 #: a node dead after missing heartbeats for about 30 s).
@@ -72,15 +75,13 @@ def application_args(config: Path) -> dict[str, Any]:
     return yaml.safe_load(config.read_text())["applications"][0].get("args") or {}
 
 
-def config_declaring_spread(tmp: Path) -> Path | None:
-    """serve_config.yaml plus the two-node `spread` deployment, where the config format
-    declares groups (`args.deployments[].groups[]`); None where it cannot yet."""
+def config_declaring_spread(tmp: Path) -> Path:
+    """serve_config.yaml plus the two-node `spread` deployment, and an ingress replica per
+    node (Serve spreads them), so HTTP keeps answering when the worker goes."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    args = config["applications"][0].setdefault("args", {})
-    deployments = args.get("deployments")
-    if not (isinstance(deployments, list) and deployments and isinstance(deployments[0], dict)):
-        return None
-    deployments.append(SPREAD)
+    args = config["applications"][0]["args"]
+    args["deployments"].append(SPREAD)
+    args["ingress_replicas"] = 2
     path = tmp / "serve_config.spread.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -90,7 +91,6 @@ def config_declaring_spread(tmp: Path) -> Path | None:
 class Cluster:
     url: str
     client: httpx.Client
-    spread: bool  # the config declares the two-node pool
     args: dict[str, Any]  # the application's args as deployed
 
 
@@ -102,7 +102,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
         started = time.monotonic()
         cluster_sh("up", port=port)
         print(f"\ncluster up in {time.monotonic() - started:.0f} s")
-        cluster_sh("deploy", *([str(spread_config)] if spread_config else []))
+        cluster_sh("deploy", str(spread_config))
         url = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=url, timeout=300) as client:
 
@@ -112,8 +112,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
 
             waited = wait_ready(client, READY_TIMEOUT_S, head_down)
             print(f"/readyz 200 {waited:.0f} s after serve deploy")
-            deployed = application_args(spread_config or ROOT / "serve_config.yaml")
-            yield Cluster(url, client, spread_config is not None, deployed)
+            yield Cluster(url, client, application_args(spread_config))
     finally:
         cluster_sh("down")
 
@@ -125,8 +124,6 @@ def test_head_and_worker_joined_with_their_cpus(cluster):
 
 
 def test_a_pool_over_two_nodes_has_ranks_on_both(cluster):
-    if not cluster.spread:
-        pytest.skip("serve_config.yaml cannot declare a pool over nodes yet (needs args.deployments[].groups[])")
     nodes = {node["node_id"] for node in alive_nodes()}
     detail = cluster.client.get("/v1/groups/spread").json()
     ranks = sorted(detail["ranks"], key=lambda r: r["rank"])
@@ -273,35 +270,32 @@ def check_no_acknowledged_call_lost(probe: Probe, before: Any, after: Any) -> st
     return None
 
 
-#: Which deployment owns which group, for a config that does not list groups (the format
-#: before issue 12); a config with `args.deployments[].groups[]` says it itself.
-LEGACY_OWNERS = {
-    "accumulator": "accumulators", "gpu_accumulator": "accumulators", "gpu_accumulator_a": "accumulators",
-    "gpu_accumulator_merge": "accumulators", "gpu_accumulator_decorator": "accumulators",
-    "test_actor": "test_actor", "mlp": "mlp",
-}
-
-
 def group_owners(args: dict[str, Any]) -> dict[str, str]:
-    deployments = args.get("deployments")
-    if isinstance(deployments, list) and deployments and isinstance(deployments[0], dict):
-        return {g["name"]: d["name"] for d in deployments for g in d.get("groups", [])}
-    return LEGACY_OWNERS
+    """Each group -> the deployment (the controller) that owns it."""
+    return {g["name"]: d["name"] for d in args["deployments"] for g in d["groups"]}
 
 
-def replica_nodes() -> dict[str, str]:
-    """Each controller deployment's replica -> the node it runs on."""
+def replica_nodes() -> dict[str, list[str]]:
+    """Each Serve deployment of the application -> the nodes its replicas run on."""
     listing = docker("exec", HEAD, "ray", "list", "actors", "--format", "json", "--limit", "10000",
                      "--filter", "state=ALIVE").stdout
     prefix = "ServeReplica:hybridflow:"
-    return {a["class_name"][len(prefix):]: a["node_id"] for a in json.loads(listing)
-            if a.get("class_name", "").startswith(prefix)}
+    nodes: dict[str, list[str]] = {}
+    for actor in json.loads(listing):
+        if actor.get("class_name", "").startswith(prefix):
+            nodes.setdefault(actor["class_name"][len(prefix):], []).append(actor["node_id"])
+    return nodes
 
 
-def state_is_durable(args: dict[str, Any]) -> bool:
-    """The durable state store (issue 13) is configured: `state: {path: <a file>}`."""
-    state = args.get("state")
-    return isinstance(state, dict) and state.get("path") not in (None, "", ":memory:")
+def durable_state_in_use(args: dict[str, Any]) -> str | None:
+    """Where the controllers keep durable state (issue 13) that a replica restarted on the
+    other node reaches: a Redis store the config names, or a state file the controllers
+    have written on the volume both nodes mount; None where there is neither."""
+    state = args.get("state") or {}
+    if state.get("redis_url") or str(state.get("path") or "").startswith("redis://"):
+        return state.get("redis_url") or state["path"]
+    listing = docker("exec", HEAD, "find", "/home/hybridflow/app/.hybridflow", "-type", "f", "-size", "+0").stdout
+    return listing.split()[0] if listing.split() else None
 
 
 @dataclass
@@ -332,9 +326,10 @@ def worker_loss(cluster) -> WorkerLoss:
 
     args = cluster.args
     owners, replicas = group_owners(args), replica_nodes()
-    controller_lost = [g for g in affected if replicas.get(owners.get(g, "")) == worker_node]
-    durable = state_is_durable(args)
+    controller_lost = [g for g in affected if worker_node in replicas.get(owners.get(g, ""), [])]
+    durable = durable_state_in_use(args)
     guaranteed = [g for g in affected if durable or g not in controller_lost]
+    print(f"replicas by node: { {name: [n[:8] for n in nodes] for name, nodes in sorted(replicas.items())} }")
     print(f"controllers on the worker node: {sorted({owners.get(g) for g in controller_lost})}; "
           f"durable state: {durable}; guarantee covers: {guaranteed}")
 
