@@ -3,7 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv system-deps test test-unit test-ray test-e2e lint serve serve-fresh bench rayservice clean
+.PHONY: venv system-deps test test-unit test-ray test-e2e lint serve serve-fresh bench rayservice clean \
+	image image-test cluster-test
 
 # Debian packages the tests use: Chromium and its driver (the browser tests) and Redis
 # (the state store's backend). Installed when missing, as root where apt-get exists;
@@ -61,6 +62,21 @@ bench: $(STAMP)
 # Copy serve_config.yaml into deploy/rayservice.yaml's serveConfigV2 (after editing it).
 rayservice: $(STAMP)
 	$(PY) deploy/embed_serve_config.py
+
+# The container image (tag $(IMAGE)); where no registry or PyTorch index is reachable the
+# build uses stand-ins for them (deploy/build-image.sh). The image and cluster tests run
+# against a real Docker engine and remove what they start.
+IMAGE ?= hybridflow-serve
+DOCKER_PYTEST := HYBRIDFLOW_DOCKER_TESTS=1 IMAGE=$(IMAGE) $(PY) -m pytest -q -s -p no:cacheprovider --timeout=1800
+
+image:
+	IMAGE=$(IMAGE) deploy/build-image.sh
+
+image-test: $(STAMP) image
+	$(DOCKER_PYTEST) tests/docker/test_image.py $(PYTEST_ARGS)
+
+cluster-test: $(STAMP) image
+	$(DOCKER_PYTEST) tests/docker/test_cluster.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV)
