@@ -17,21 +17,20 @@ from deployments.models import ModelServer
 from deployments.placement import DeploymentPlan
 
 
-@serve.deployment(max_ongoing_requests=256)
-class ControllerDeployment:
-    """A controller replica: starts its groups in ``__init__`` (the replica is ready when
-    they are), answers the ingress and the jobs deployment, and gives Serve a health
-    check that never waits behind calls and never fails the replica for a lost worker
-    (that group is rebuilt in the background)."""
+class HostedController:
+    """One declared deployment's controller and models, in the process that hosts them
+    (its own replica, or the ingress's with ``controllers_in_ingress``)."""
 
-    async def __init__(self, deployment: dict[str, Any], plan: DeploymentPlan, service: dict[str, Any]) -> None:
+    def __init__(
+        self, deployment: dict[str, Any], plan: DeploymentPlan, service: dict[str, Any], bundle_shift: int = 0
+    ) -> None:
         # Tensors from the ingress arrive zero-copy, read-only (deployments.application's
         # INGRESS_RUNTIME_ENV); the controller only reads and forwards them, so torch's
         # warning about non-writable arrays says nothing here.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         config = DeploymentConfig.model_validate(deployment)
         settings = ServiceConfig.model_validate({**service, "deployments": [deployment]})
-        self.pools = PoolSet(plan, ray.util.get_current_placement_group())
+        self.pools = PoolSet(plan, ray.util.get_current_placement_group(), bundle_shift)
         self.controller = GroupController(
             config,
             plan,
@@ -41,6 +40,22 @@ class ControllerDeployment:
             limits=settings.limits,
         )
         self.models = ModelServer(config.models, self.controller)
+
+    def shutdown(self) -> None:
+        self.controller.shutdown()
+        self.pools.remove()
+
+
+@serve.deployment(max_ongoing_requests=256)
+class ControllerDeployment:
+    """A controller replica: starts its groups in ``__init__`` (the replica is ready when
+    they are), answers the ingress and the jobs deployment, and gives Serve a health
+    check that never waits behind calls and never fails the replica for a lost worker
+    (that group is rebuilt in the background)."""
+
+    async def __init__(self, deployment: dict[str, Any], plan: DeploymentPlan, service: dict[str, Any]) -> None:
+        self.hosted = HostedController(deployment, plan, service)
+        self.controller, self.models = self.hosted.controller, self.hosted.models
         await self.controller.start()
 
     async def call(self, request: CallRequest) -> CallResult:
@@ -68,7 +83,6 @@ class ControllerDeployment:
         await self.controller.check_health()
 
     def __del__(self) -> None:
-        controller = getattr(self, "controller", None)
-        if controller is not None:
-            controller.shutdown()
-            self.pools.remove()
+        hosted = getattr(self, "hosted", None)
+        if hosted is not None:
+            hosted.shutdown()
