@@ -40,9 +40,15 @@ def chosen_outputs(model: str, request: dict[str, Any], names: Sequence[str]) ->
 
 
 def response(
-    model: str, request: dict[str, Any], chosen: list[str], binary: set[str], outputs: dict[str, Any]
+    model: str, request: dict[str, Any], chosen: list[str], binary: set[str], outputs: dict[str, Any],
+    batch_size: int = 1,
 ) -> tuple[bytes, int | None]:
+    """The answer's body; one that shared its group call with other requests says with how
+    many in ``parameters.batch_size``."""
+    parameters = {"batch_size": batch_size} if batch_size > 1 else None
     try:
-        return build_infer_response(model, "1", {n: outputs[n] for n in chosen}, binary, id=request.get("id"))
+        return build_infer_response(
+            model, "1", {n: outputs[n] for n in chosen}, binary, id=request.get("id"), parameters=parameters
+        )
     except WireError as exc:
         raise ApiError(500, f"cannot encode the answer: {exc}") from None

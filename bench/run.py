@@ -23,6 +23,7 @@ import httpx
 import torch
 import yaml
 
+from bench.hops import breakdown
 from clients.local_server import ROOT, ServeProcess
 
 RESULTS = ROOT / "bench" / "results"
@@ -87,6 +88,7 @@ def bench_library(quick: bool) -> dict[str, Any]:
         out["one_to_all_p50_ms"] = p50(lib) * 1e3
         out["one_to_all_ratio"] = out["one_to_all_p50_ms"] / out["fanout_raw_p50_ms"]
         out["execute_all_add_p50_ms"] = p50(timed(lambda: group.execute_all_sync("m", x=[1, 1, 1, 1]), n // 2)) * 1e3
+        out.update(bench_loop_vs_thread(group, n // 2))
         # The same group's ONE_TO_ALL through its compiled graph (wg.compile()), beside raw Ray.
         compiled_group = group.compile()
         raw, comp = [], []
@@ -152,6 +154,38 @@ def bench_library(quick: bool) -> dict[str, Any]:
     finally:
         ray.shutdown()
     return out
+
+
+def bench_loop_vs_thread(group: Any, n: int) -> dict[str, float]:
+    """A group call from an event loop, as the controller makes it: submitted, then its
+    futures awaited on the loop, against the earlier design's blocking call in a thread
+    (``asyncio.to_thread``, one per call)."""
+    from deployments.supervisor import as_asyncio
+
+    async def on_loop() -> Any:
+        pending = group.submit("m", (1,))
+        return pending.collect(await asyncio.gather(*as_asyncio(pending.futures)))
+
+    async def in_thread() -> Any:
+        return await asyncio.to_thread(group.m, 1)
+
+    async def measure() -> tuple[list[float], list[float]]:
+        loop_s, thread_s = [], []
+        for _ in range(5):
+            for fn, samples in ((on_loop, loop_s), (in_thread, thread_s)):
+                for i in range(n // 5 + 2):
+                    start = time.perf_counter()
+                    await fn()
+                    if i >= 2:  # the first two warm the path
+                        samples.append(time.perf_counter() - start)
+        return loop_s, thread_s
+
+    loop_s, thread_s = asyncio.run(measure())
+    return {
+        "group_call_on_loop_p50_ms": p50(loop_s) * 1e3,
+        "group_call_in_thread_p50_ms": p50(thread_s) * 1e3,
+        "group_call_loop_over_thread": p50(loop_s) / p50(thread_s),
+    }
 
 
 def bench_colocated_start(pool: Any, worker_cls: Any, roles: int = 2) -> dict[str, float]:
@@ -265,11 +299,21 @@ def bench_durable_call(quick: bool) -> dict[str, Any]:
 # -- HTTP --------------------------------------------------------------------------
 
 
+#: The batching figure's request: 16 clients, each sending [8, 2, 4096] FP32.
+BATCH_CLIENTS, BATCH_SHAPE = 16, (8, 2, 4096)
+
+
 def bench_config() -> Path:
-    """serve_config.yaml plus the no-op floor app at /noop."""
+    """serve_config.yaml plus the no-op floor app at /noop, and the `mlp` model again as
+    `mlp_unbatched` (the same group and method, no batching: the batching figure's floor)."""
     document = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     app = document["applications"][0]
     app["args"]["max_body_bytes"] = 1 << 30
+    for deployment in app["args"]["deployments"]:
+        for model in list(deployment.get("models", [])):
+            if model["name"] == "mlp":
+                unbatched = {key: value for key, value in model.items() if key != "batching"}
+                deployment["models"].append({**unbatched, "name": "mlp_unbatched"})
     document["applications"].append({"name": "noop", "route_prefix": "/noop", "import_path": "bench.noop_app:app"})
     path = RESULTS / "bench_config.yaml"
     path.write_text(yaml.safe_dump(document))
@@ -353,6 +397,12 @@ def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
             floor = out["http_noop_p50_ms"] + library["execute_all_add_p50_ms"]
             out["http_add_floor_ms"] = floor
             out["http_add_ratio"] = out["http_add_p50_ms"] / floor
+            # Where an add's milliseconds go: Serve's access logs and Ray's timeline.
+            out["http_add_hops"] = breakdown(
+                proc, http, "/v1/groups/gpu_accumulator/add", {"kwargs": {"x": [1, 1, 1, 1]}},
+                {"ingress": "hybridflow_ingress", "controller": "hybridflow_accumulators"},
+                "add", n // 2,
+            )
 
             seconds = 5 if quick else 15
             rps_add = asyncio.run(
@@ -403,9 +453,92 @@ def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
             out["json_1MiB_bandwidth_MBps"] = (small.numel() * 4 / 1e6) / min(timed(post_json, reps, warmup=1))
             out["safetensors_ratio"] = out["safetensors_bandwidth_MBps"] / out["noop_bandwidth_MBps"]
             out["oip_binary_ratio"] = out["oip_binary_bandwidth_MBps"] / out["noop_bandwidth_MBps"]
+        out.update(bench_batching(proc.url, quick))
     finally:
         proc.stop()
     return out
+
+
+def bench_batching(url: str, quick: bool) -> dict[str, Any]:
+    """`mlp` (batching) against `mlp_unbatched` (the same layer, a forward per request):
+    requests/s at 16 clients and p50 at one client, binary OIP, windows interleaved."""
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    batching = next(
+        m["batching"] for d in config["applications"][0]["args"]["deployments"]
+        for m in d.get("models", []) if m["name"] == "mlp"
+    )
+    x = torch.rand(*BATCH_SHAPE)
+    payload, headers = oip_body("x", x, binary_output=True)
+    seconds = 6 if quick else 12
+    singles = 8 if quick else 24
+
+    async def run() -> dict[str, Any]:
+        limits = httpx.Limits(max_connections=BATCH_CLIENTS)
+        async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+
+            async def post(model: str) -> int:
+                response = await client.post(f"/v2/models/{model}/infer", content=payload, headers=headers)
+                response.raise_for_status()
+                size = response.headers.get("inference-header-content-length")
+                header = json.loads(response.content[: int(size)] if size else response.content)
+                return (header.get("parameters") or {}).get("batch_size", 1)
+
+            async def window(model: str) -> tuple[int, float, list[int]]:
+                done, sizes = 0, []
+                deadline = time.perf_counter() + seconds
+
+                async def client_loop() -> None:
+                    nonlocal done
+                    while time.perf_counter() < deadline:
+                        sizes.append(await post(model))
+                        done += 1
+
+                start = time.perf_counter()
+                await asyncio.gather(*(client_loop() for _ in range(BATCH_CLIENTS)))
+                return done, time.perf_counter() - start, sizes
+
+            async def single(model: str) -> list[float]:
+                samples = []
+                for _ in range(singles):
+                    start = time.perf_counter()
+                    await post(model)
+                    samples.append(time.perf_counter() - start)
+                return samples
+
+            for model in ("mlp", "mlp_unbatched"):
+                await post(model)  # warm: spec cached, first forward done
+            totals = {m: [0, 0.0] for m in ("mlp", "mlp_unbatched")}
+            sizes: list[int] = []
+            lone = {m: [] for m in ("mlp", "mlp_unbatched")}
+            for _ in range(2):  # A B A B: machine noise hits both alike
+                for model in ("mlp", "mlp_unbatched"):
+                    done, took, seen = await window(model)
+                    totals[model][0] += done
+                    totals[model][1] += took
+                    if model == "mlp":
+                        sizes += seen
+                for model in ("mlp", "mlp_unbatched"):
+                    lone[model] += await single(model)
+            return {"totals": totals, "sizes": sizes, "lone": lone}
+
+    measured = asyncio.run(run())
+    rps = {m: done / took for m, (done, took) in measured["totals"].items()}
+    wait_ms = batching["max_queue_delay_microseconds"] / 1e3
+    lone = {m: p50(samples) * 1e3 for m, samples in measured["lone"].items()}
+    return {
+        "batching_clients": BATCH_CLIENTS,
+        "batching_shape": list(BATCH_SHAPE),
+        "batching_max_batch_size": batching["max_batch_size"],
+        "batching_max_wait_ms": wait_ms,
+        "batching_rps": rps["mlp"],
+        "batching_rps_unbatched": rps["mlp_unbatched"],
+        "batching_rps_ratio": rps["mlp"] / rps["mlp_unbatched"],
+        "batching_mean_batch_size": statistics.mean(measured["sizes"]) if measured["sizes"] else None,
+        "batching_single_p50_ms": lone["mlp"],
+        "batching_single_p50_unbatched_ms": lone["mlp_unbatched"],
+        # at most 1.0: one client's p50 no more than the unbatched p50 plus the max wait
+        "batching_latency_ratio": lone["mlp"] / (lone["mlp_unbatched"] + wait_ms),
+    }
 
 
 TARGETS = {
@@ -418,7 +551,32 @@ TARGETS = {
     "rps_ratio": ("add rps / no-op rps (32 clients)", 0.5, "min"),
     "cold_start_ratio": ("cold start / no-op app", 3.0, "max"),
     "state_added_p50_ms": ("durable store: added ms per mutating call (p50)", 1.0, "max"),
+    "batching_rps_ratio": ("mlp rps, 16 clients: batched / unbatched", 4.0, "min"),
+    "batching_latency_ratio": ("mlp p50, 1 client: batched / (unbatched + wait)", 1.0, "max"),
 }
+
+
+#: Each figure's raw numbers, as the PNG and the JSON's targets show them beside the ratio.
+RAW = {
+    "one_to_all_ratio": "{one_to_all_p50_ms:.2f} vs {fanout_raw_p50_ms:.2f} ms",
+    "one_to_all_compiled_ratio": "{one_to_all_compiled_p50_ms:.2f} vs {fanout_raw_p50_ms:.2f} ms",
+    "http_add_ratio": "{http_add_p50_ms:.1f} vs {http_noop_p50_ms:.1f} + {execute_all_add_p50_ms:.1f} ms",
+    "safetensors_ratio": "{safetensors_bandwidth_MBps:.0f} vs {noop_bandwidth_MBps:.0f} MB/s",
+    "oip_binary_ratio": "{oip_binary_bandwidth_MBps:.0f} vs {noop_bandwidth_MBps:.0f} MB/s",
+    "mlp_ratio": "{mlp_tp4_s:.2f} vs {mlp_single_process_s:.2f} s",
+    "rps_ratio": "{rps_add_32:.0f} vs {rps_noop_32:.0f} requests/s",
+    "cold_start_ratio": "{cold_start_service_s:.0f} vs {cold_start_noop_s:.1f} s",
+    "batching_rps_ratio": "{batching_rps:.1f} vs {batching_rps_unbatched:.1f} requests/s",
+    "batching_latency_ratio": "{batching_single_p50_ms:.0f} vs {batching_single_p50_unbatched_ms:.0f} + "
+                              "{batching_max_wait_ms:g} ms",
+}
+
+
+def raw_numbers(key: str, results: dict[str, Any]) -> str:
+    try:
+        return RAW[key].format_map(results)
+    except (KeyError, ValueError, TypeError):
+        return ""
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -428,7 +586,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     keys = [k for k in TARGETS if k in results and k.endswith("_ratio")]  # ratios only: one axis
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(12, 6))
     values = [results[k] for k in keys]
     colors = [
         "tab:green" if (results[k] <= TARGETS[k][1] if TARGETS[k][2] == "max" else results[k] >= TARGETS[k][1]) else "tab:red"
@@ -437,7 +595,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.barh([TARGETS[k][0] for k in keys], values, color=colors)
     for i, k in enumerate(keys):
         ax.plot([TARGETS[k][1]] * 2, [i - 0.4, i + 0.4], color="black", linewidth=2)
-        ax.text(values[i], i, f" {values[i]:.2f}", va="center")
+        ax.text(values[i], i, f" {values[i]:.2f}x  ({raw_numbers(k, results)})", va="center", fontsize=8)
+    ax.set_xlim(0, max(values + [t[1] for t in TARGETS.values()]) * 1.6)
     ax.set_xlabel("ratio to floor (black bar: target; green: met)")
     ax.set_title(f"hybridflow-serve benchmarks ({results['machine']})")
     fig.tight_layout()
@@ -465,11 +624,14 @@ def main(argv: list[str] | None = None) -> int:
     for key, (label, target, kind) in TARGETS.items():
         if key in results:
             met = results[key] <= target if kind == "max" else results[key] >= target
-            results.setdefault("targets", {})[key] = {"label": label, "target": target, "value": results[key], "met": met}
+            results.setdefault("targets", {})[key] = {
+                "label": label, "target": target, "value": results[key], "met": met, "raw": raw_numbers(key, results),
+            }
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=2))
     plot(results, RESULTS / "latest.png")
     for key, entry in results.get("targets", {}).items():
-        print(f"{entry['label']:45s} {entry['value']:8.3f}  target {'<=' if TARGETS[key][2] == 'max' else '>='} {entry['target']}  {'met' if entry['met'] else 'MISSED'}")
+        print(f"{entry['label']:50s} {entry['value']:8.3f}  target {'<=' if TARGETS[key][2] == 'max' else '>='} "
+              f"{entry['target']}  {'met' if entry['met'] else 'MISSED'}  ({entry['raw']})")
     print(json.dumps({k: v for k, v in results.items() if k != "targets"}, indent=1))
     return 0
 

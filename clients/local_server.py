@@ -124,9 +124,8 @@ class ServeProcess:
                     return line.split("StateMismatchError: ", 1)[1].strip()
         return None
 
-    def gcs_address(self) -> str:
-        """The address of the Ray cluster this ``serve run`` started (read from its
-        raylet's command line), for tests that reach its actors with Ray's API."""
+    def _raylet_arg(self, name: bytes) -> str:
+        """A command-line value of the raylet this ``serve run`` started."""
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -137,9 +136,18 @@ class ServeProcess:
             except (OSError, ProcessLookupError):
                 continue
             for arg in argv:
-                if arg.startswith(b"--gcs-address="):
+                if arg.startswith(name + b"="):
                     return arg.split(b"=", 1)[1].decode()
         raise RuntimeError("no raylet found among this serve run's processes")
+
+    def gcs_address(self) -> str:
+        """The address of the Ray cluster this ``serve run`` started (read from its
+        raylet's command line), for tests that reach its actors with Ray's API."""
+        return self._raylet_arg(b"--gcs-address")
+
+    def session_dir(self) -> Path:
+        """This ``serve run``'s Ray session directory (its logs are under ``logs/``)."""
+        return Path(self._raylet_arg(b"--session_dir"))
 
     def tail(self, lines: int = 60) -> str:
         self.log.flush()

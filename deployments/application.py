@@ -15,7 +15,7 @@ from app.ingress import Ingress
 from app.settings import IngressSettings, ModelRoute
 from deployments.config import ServiceConfig, load_config
 from deployments.jobs import JobsDeployment
-from deployments.placement import GpuBudget, plan_deployment
+from deployments.placement import GpuBudget, hosted_bundles, plan_deployment
 from deployments.served_controller import ControllerDeployment
 
 #: The ingress sends tensors it decoded from request bodies to the controllers with Ray's
@@ -57,15 +57,43 @@ def build(args: dict[str, Any] | None = None) -> Application:
     service = config.model_dump(mode="json", exclude={"deployments"})
     # The controllers count calls by the HTTP status the ingress answers (deployments.metrics).
     status_codes = {kind.value: status for kind, status in STATUS_OF.items()}
+    read_only = {group.name: list(group.read_only) for _, group in config.groups()}
+    if config.controllers_in_ingress:
+        return _controlling_ingress(config, budget, service, read_only, status_codes)
     controllers: dict[str, Application] = {}
     for deployment in config.deployments:
         plan = plan_deployment(deployment, config, budget)
         controllers[deployment.name] = ControllerDeployment.options(
             name=deployment.name, max_ongoing_requests=deployment.max_ongoing_requests, **plan.serve_options()
         ).bind(deployment.model_dump(mode="json"), plan, service, status_codes)
-    read_only = {group.name: list(group.read_only) for _, group in config.groups()}
     jobs = JobsDeployment.bind(controllers, read_only, config.limits.model_dump())
     return Ingress.options(
         num_replicas=config.ingress_replicas,
         ray_actor_options={"num_cpus": config.ingress_cpus, "runtime_env": INGRESS_RUNTIME_ENV},
     ).bind(controllers, ingress_settings(config).model_dump(), jobs)
+
+
+def _controlling_ingress(
+    config: ServiceConfig,
+    budget: GpuBudget,
+    service: dict[str, Any],
+    read_only: dict[str, list[str]],
+    status_codes: dict[str, int],
+) -> Application:
+    """``controllers_in_ingress``: one ingress replica hosting every controller, its
+    placement group holding every pool's bundles (no zero-copy runtime env: the tensors it
+    decodes go to the workers, which may write to theirs)."""
+    from deployments.ingress_controllers import ControllingIngress
+
+    plans = [plan_deployment(deployment, config, budget) for deployment in config.deployments]
+    bundles, shifts = hosted_bundles(plans, config.ingress_cpus)
+    jobs = JobsDeployment.bind(None, read_only, config.limits.model_dump())
+    return ControllingIngress.options(
+        num_replicas=1,
+        ray_actor_options={"num_cpus": config.ingress_cpus},
+        placement_group_bundles=bundles,
+        placement_group_strategy="STRICT_PACK",
+    ).bind(
+        [d.model_dump(mode="json") for d in config.deployments], plans, shifts, service, status_codes,
+        ingress_settings(config).model_dump(), jobs,
+    )

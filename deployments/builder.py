@@ -70,9 +70,12 @@ class PoolSet:
     """The deployment's pools, made once and kept across rebuilds (its placement groups
     outlive the workers in them)."""
 
-    def __init__(self, plan: DeploymentPlan, placement_group: Any = None) -> None:
+    def __init__(self, plan: DeploymentPlan, placement_group: Any = None, bundle_shift: int = 0) -> None:
+        """``bundle_shift``: where the plan's bundles start in ``placement_group`` past
+        their own place (the ingress's group, when it hosts several controllers)."""
         self.plan = plan
         self.placement_group = placement_group
+        self.bundle_shift = bundle_shift
         self._pools: dict[tuple[str, ...], RayResourcePool] = {}
 
     def pool(self, roots: tuple[str, ...]) -> RayResourcePool:
@@ -91,7 +94,7 @@ class PoolSet:
         common = {"use_gpu": plan.use_gpu, "name_prefix": plan.name_prefix, "max_colocate_count": plan.max_colocate_count}
         if plan.first_bundle is not None and self.placement_group is not None:
             return RayResourcePool.from_placement_group(
-                self.placement_group, plan.world_size, first_bundle=plan.first_bundle, **common
+                self.placement_group, plan.world_size, first_bundle=plan.first_bundle + self.bundle_shift, **common
             )
         return RayResourcePool(list(plan.process_on_nodes), num_cpus_per_bundle=plan.num_cpus_per_bundle, **common)
 

@@ -173,6 +173,9 @@ class BatchingConfig(_Strict):
 
     max_batch_size: int = Field(1, ge=1, description="requests in one group call; 1: no batching")
     max_queue_delay_microseconds: int = Field(0, ge=0, description="longest a request waits for others")
+    batch_dim: int = Field(
+        0, ge=0, description="the dimension requests are concatenated along (1 for [seq, batch, hidden])"
+    )
 
 
 class ModelConfig(_Strict):
@@ -195,6 +198,18 @@ class ModelConfig(_Strict):
     )
     batching: BatchingConfig = BatchingConfig()
     platform: str = "hybridflow_worker_group"
+
+    @model_validator(mode="after")
+    def _batchable(self) -> ModelConfig:
+        dim = self.batching.batch_dim
+        if self.batching.max_batch_size > 1:
+            for spec in (*self.inputs, *self.outputs):
+                if dim >= len(spec.shape) or spec.shape[dim] != -1:
+                    raise ValueError(
+                        f"batching.batch_dim {dim}: {spec.name!r} of shape {spec.shape} needs -1 (any size) "
+                        "there to take concatenated requests"
+                    )
+        return self
 
 
 class DeploymentConfig(_Strict):
@@ -331,6 +346,11 @@ class ServiceConfig(_Strict):
     worker_cpus: float = Field(0.05, ge=0, description="CPUs each worker bundle reserves")
     ingress_cpus: float = Field(0.05, ge=0)
     ingress_replicas: int = Field(1, ge=1)
+    controllers_in_ingress: bool = Field(
+        False,
+        description="run every deployment's controller in the ingress replica (one Serve hop fewer per call; "
+        "the ingress then holds every pool's bundles, and there is one ingress replica)",
+    )
     request_timeout_s: float = Field(120.0, gt=0, description="a call that runs longer answers 504")
     health_timeout_s: float = Field(10.0, gt=0, description="an idle worker that does not answer a ping this long is lost")
     max_body_bytes: int = Field(1 << 30, gt=0, description="larger request bodies answer 413")
@@ -345,6 +365,15 @@ class ServiceConfig(_Strict):
     @classmethod
     def _blank_is_none(cls, value: str | None) -> str | None:
         return value or None
+
+    @model_validator(mode="after")
+    def _one_controlling_ingress(self) -> ServiceConfig:
+        if self.controllers_in_ingress and self.ingress_replicas != 1:
+            raise ValueError(
+                f"controllers_in_ingress needs ingress_replicas 1 (each controller exists once), "
+                f"got {self.ingress_replicas}"
+            )
+        return self
 
     # -- lookups ------------------------------------------------------------------
     def groups(self) -> Iterator[tuple[DeploymentConfig, GroupConfig]]:

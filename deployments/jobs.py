@@ -79,7 +79,7 @@ def join_outputs(outputs: list[Any]) -> Any:
 @serve.deployment(name="jobs", max_ongoing_requests=256, ray_actor_options={"num_cpus": 0.05})
 class JobsDeployment:
     def __init__(
-        self, controllers: dict[str, Any], read_only: dict[str, list[str]], limits: dict[str, Any] | None = None
+        self, controllers: dict[str, Any] | None, read_only: dict[str, list[str]], limits: dict[str, Any] | None = None
     ) -> None:
         self.controllers = controllers
         self.read_only = {group: set(methods) for group, methods in read_only.items()}
@@ -114,7 +114,7 @@ class JobsDeployment:
                 job.finished_at, job.task = time.time(), None
                 return
             job.status, job.started_at = "running", time.time()
-            handle = self.controllers[job.controller]
+            handle = self._controller(job.controller)
             request, outputs, outcome = job.request, [], None
             try:
                 for index, (args, kwargs) in enumerate(pieces):
@@ -138,6 +138,15 @@ class JobsDeployment:
                 job.finished_at, job.task = time.time(), None
                 job.request = CallRequest(request.group, request.method)  # its tensors are no longer needed
                 self._forget_old()
+
+    def _controller(self, name: str) -> Any:
+        """The handle that runs ``name``'s calls: its controller replica's, or, where the
+        ingress hosts the controllers (``controllers`` is None), the ingress's."""
+        if self.controllers is None:
+            self.controllers = {}
+        if name not in self.controllers:
+            self.controllers[name] = serve.get_deployment_handle("ingress", serve.get_replica_context().app_name)
+        return self.controllers[name]
 
     def _forget_old(self) -> None:
         finished = sorted((j for j in self.jobs.values() if j.finished_at is not None), key=lambda j: j.finished_at)

@@ -4,17 +4,20 @@ taking one tensor and returning one tensor (``deployments[].models`` in the conf
 The controller owns a model's current inputs and outputs (a model declared with an
 ``io_method`` asks its group for them, since a layer re-initialised at another size
 takes other shapes), checks each request's input against them before anything runs,
-and calls the group.
+and calls the group: a call per request, or, for a model with ``batching``, one call for
+concurrent requests (``deployments.batching``).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
 import torch
 
 from deployments import metrics
+from deployments.batching import Batcher, run_alone
 from deployments.config import ModelConfig
 from deployments.contract import CallRequest, ControllerError, ErrorKind, InferResult
 from deployments.supervisor import READY, as_asyncio
@@ -26,6 +29,13 @@ class ModelServer:
         self.models = {model.name: model for model in models}
         self.controller = controller
         self._specs: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}
+        #: Models that batch concurrent requests (deployments.batching), by name.
+        self.batchers = {
+            m.name: Batcher(functools.partial(self._run, m), m.batching.max_batch_size,
+                            m.batching.max_queue_delay_microseconds / 1e6, m.batching.batch_dim,
+                            row_multiple=_tensor_parallel_size(controller, m.group))
+            for m in models if m.batching.max_batch_size > 1
+        }
 
     def ready(self, name: str) -> bool:
         model = self.models.get(name)
@@ -85,14 +95,39 @@ class ModelServer:
             return InferResult(error=ControllerError(ErrorKind.BAD_INPUT, problem))
         (x,) = inputs.values()
         started = time.perf_counter()
+        batcher = self.batchers.get(name)
+        try:
+            done = await (batcher.submit(x) if batcher else run_alone(functools.partial(self._run, model), x))
+        except GroupCallFailed as exc:
+            return InferResult(error=exc.error, compute_s=time.perf_counter() - started)
+        except ValueError as exc:  # a batch's output that does not split back per request
+            return InferResult(error=ControllerError(ErrorKind.METHOD_RAISED, str(exc)))
+        return InferResult(
+            outputs={spec["outputs"][0]["name"]: done.output},
+            queue_s=done.queue_s, compute_s=done.compute_s, batch_size=done.batch_size,
+        )
+
+    async def _run(self, model: ModelConfig, x: torch.Tensor) -> torch.Tensor:
+        """One group call of the model's method on ``x`` (one request, or a batch)."""
         call = await self.controller.call(
             CallRequest(model.group, model.method, args=[[x]] if model.dp_list else [x])
         )
-        compute_s = time.perf_counter() - started
         if call.error is not None:
-            return InferResult(error=call.error, compute_s=compute_s)
-        y = call.output[0] if model.dp_list else call.output
-        return InferResult(outputs={spec["outputs"][0]["name"]: y}, compute_s=compute_s)
+            raise GroupCallFailed(call.error)
+        return call.output[0] if model.dp_list else call.output
+
+
+def _tensor_parallel_size(controller: Any, group: str) -> int:
+    megatron = controller.groups[group].config.megatron
+    return megatron.tensor_model_parallel_size if megatron is not None else 1
+
+
+class GroupCallFailed(Exception):
+    """A model's group call answered an error (every request of its batch gets it)."""
+
+    def __init__(self, error: ControllerError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 def check_inputs(inputs: dict[str, torch.Tensor], declared: list[dict[str, Any]]) -> str | None:

@@ -151,3 +151,15 @@ def plan_deployment(deployment: DeploymentConfig, service: ServiceConfig, budget
         group_pools=group_pools,
         colocations=colocations(deployment),
     )
+
+
+def hosted_bundles(plans: list[DeploymentPlan], ingress_cpus: float) -> tuple[list[dict[str, float]], list[int]]:
+    """The ingress replica's bundles when it hosts every controller
+    (``controllers_in_ingress``): its own, then each deployment's pool bundles in
+    order; and per deployment the shift of its pools' ``first_bundle`` in that group."""
+    bundles: list[dict[str, float]] = [{"CPU": ingress_cpus}]
+    shifts = []
+    for plan in plans:
+        shifts.append(len(bundles) - 1)
+        bundles += plan.replica_bundles()[1:]
+    return bundles, shifts

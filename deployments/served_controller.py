@@ -1,5 +1,7 @@
 """Where a controller meets Ray Serve: one deployment class for every declared
-deployment, each replica a single controller that owns its groups."""
+deployment, each replica a single controller that owns its groups. The same controller
+can live in the ingress's replica instead (``controllers_in_ingress``,
+deployments.ingress_controllers): :class:`HostedController` is what both host."""
 
 from __future__ import annotations
 
@@ -26,22 +28,17 @@ from deployments.models import ModelServer
 from deployments.placement import DeploymentPlan
 
 
-@serve.deployment(max_ongoing_requests=256)
-class ControllerDeployment:
-    """A controller replica: claims its groups' stored state in ``__init__`` (stored state
-    that no longer fits a group fails the replica with an error naming it), then starts
-    the groups and restores their state in the background, so a replica that Serve
-    restarts answers at once: 503 with Retry-After for a group until it is ready. It
-    answers the ingress and the jobs deployment, and gives Serve a health check that
-    never waits behind calls and never fails the replica for a lost worker (that group
-    is rebuilt in the background)."""
+class HostedController:
+    """One declared deployment's controller and models, in the process that hosts them,
+    with the methods the ingress and the jobs deployment call on it."""
 
-    async def __init__(
+    def __init__(
         self,
         deployment: dict[str, Any],
         plan: DeploymentPlan,
         service: dict[str, Any],
         status_codes: dict[str, int] | None = None,
+        bundle_shift: int = 0,
     ) -> None:
         # The HTTP status of each error kind, for the calls' ``code`` label (deployments.metrics).
         metrics.use_status_codes(status_codes or {})
@@ -51,7 +48,7 @@ class ControllerDeployment:
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         config = DeploymentConfig.model_validate(deployment)
         settings = ServiceConfig.model_validate({**service, "deployments": [deployment]})
-        self.pools = PoolSet(plan, ray.util.get_current_placement_group())
+        self.pools = PoolSet(plan, ray.util.get_current_placement_group(), bundle_shift)
         self.controller = GroupController(
             config,
             plan,
@@ -62,6 +59,12 @@ class ControllerDeployment:
             state=settings.state,
         )
         self.models = ModelServer(config.models, self.controller)
+        self._starting: asyncio.Task | None = None
+
+    async def begin(self) -> None:
+        """Claim the groups' stored state (stored state that no longer fits a group raises
+        an error naming it), then start the groups and restore their state in the
+        background: until a group is ready its calls answer 503 with Retry-After."""
         await self.controller.open()
         self._starting = asyncio.get_running_loop().create_task(self.controller.start())
         # A unit that fails to start is FAILED and retried by the health check; the
@@ -99,8 +102,31 @@ class ControllerDeployment:
         await self.controller.check_health()
         metrics.sample_groups(self.controller)
 
+    def shutdown(self) -> None:
+        self.controller.shutdown()
+        self.pools.remove()
+
+
+@serve.deployment(max_ongoing_requests=256)
+class ControllerDeployment(HostedController):
+    """A controller replica: claims its groups' stored state in ``__init__`` (stored state
+    that no longer fits a group fails the replica with an error naming it), then starts
+    the groups and restores their state in the background, so a replica that Serve
+    restarts answers at once: 503 with Retry-After for a group until it is ready. It
+    answers the ingress and the jobs deployment, and gives Serve a health check that
+    never waits behind calls and never fails the replica for a lost worker (that group
+    is rebuilt in the background)."""
+
+    async def __init__(
+        self,
+        deployment: dict[str, Any],
+        plan: DeploymentPlan,
+        service: dict[str, Any],
+        status_codes: dict[str, int] | None = None,
+    ) -> None:
+        super().__init__(deployment, plan, service, status_codes)
+        await self.begin()
+
     def __del__(self) -> None:
-        controller = getattr(self, "controller", None)
-        if controller is not None:
-            controller.shutdown()
-            self.pools.remove()
+        if getattr(self, "controller", None) is not None:
+            self.shutdown()

@@ -85,9 +85,20 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         return actor_cls.options(**options).remote(*self.args, **self.kwargs)
 
 
-@ray.remote(num_cpus=0)
-def _rendezvous_task() -> tuple[str, int]:
-    return pick_rendezvous()
+#: Picks the rendezvous on rank 0's node when that is another node. The function is
+#: pickled by reference, so its process imports single_controller.rendezvous only.
+_rendezvous_task = ray.remote(num_cpus=0)(pick_rendezvous)
+
+
+def _rendezvous_for(pg: Any, bundle: int, timeout_s: float) -> tuple[str, int]:
+    """``(MASTER_ADDR, MASTER_PORT)`` on the node of ``pg``'s ``bundle``: picked here when
+    that node is this process's (no task, no process to start), else by a task there."""
+    if ray.is_initialized():
+        nodes = ray.util.placement_group_table(pg).get("bundles_to_node_id", {})
+        if nodes.get(bundle) == ray.get_runtime_context().get_node_id():
+            return pick_rendezvous()
+    strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)
+    return ray.get(_rendezvous_task.options(scheduling_strategy=strategy).remote(), timeout=timeout_s)
 
 
 @ray.remote(num_cpus=0)
@@ -227,14 +238,7 @@ class RayWorkerGroup(WorkerGroup):
         world_size = pool.world_size
         # Rank 0's node picks the rendezvous before any worker exists, so all ranks
         # can start at once and a worker may init torch.distributed in __init__.
-        master_addr, master_port = ray.get(
-            _rendezvous_task.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=pgs[0], placement_group_bundle_index=0
-                )
-            ).remote(),
-            timeout=startup_timeout_s,
-        )
+        master_addr, master_port = _rendezvous_for(pgs[0], pool.bundle_offsets[0], startup_timeout_s)
         cls_name = user_class(cls_with_init.cls).__name__
         rank = 0
         offsets = pool.bundle_offsets

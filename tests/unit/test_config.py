@@ -202,3 +202,20 @@ def test_a_worker_module_outside_the_project(tmp_path, monkeypatch):
 def test_auth_token_from_the_environment(monkeypatch):
     monkeypatch.setenv("SC_AUTH_TOKEN", "t0ken")
     assert load_config(DEFAULT_ARGS).auth_token == "t0ken"
+
+
+def test_controllers_in_the_ingress_take_every_pool_bundle_in_one_placement_group():
+    from deployments.placement import hosted_bundles
+
+    config = load_config({**DEFAULT_ARGS, "controllers_in_ingress": True})
+    budget = GpuBudget(0)
+    plans = [plan_deployment(d, config, budget) for d in config.deployments]
+    bundles, shifts = hosted_bundles(plans, config.ingress_cpus)
+    # the ingress's own bundle, then accumulators' 8, test_actor's 4, mlp's 4
+    assert len(bundles) == 1 + 8 + 4 + 4 and bundles[0] == {"CPU": config.ingress_cpus}
+    assert shifts == [0, 8, 12]
+    # each pool's first bundle, shifted, lands on that deployment's own bundles
+    firsts = {name: pool.first_bundle + shift for plan, shift in zip(plans, shifts, strict=True)
+              for name, pool in plan.pools.items()}
+    assert firsts == {"gpu_accumulator": 1, "gpu_accumulator_a": 5, "test_actor": 9, "mlp": 13}
+    assert "ingress_replicas 1" in problems({**DEFAULT_ARGS, "controllers_in_ingress": True, "ingress_replicas": 2})
