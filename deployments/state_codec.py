@@ -26,6 +26,9 @@ What comes back (the decisions a round trip leaves open):
   memory no longer do.
 - A numpy array comes back as a numpy array (native byte order, C-contiguous), a numpy
   scalar (``np.float32(1.5)``) as a numpy scalar of the same dtype.
+- A verl ``DataProto`` comes back as a ``DataProto`` with the same batch tensors (as
+  above), non-tensor columns and ``meta_info``, in the form the HTTP wire gives it
+  (wire.dataproto: non-tensor columns and ``meta_info`` hold JSON values).
 - Anything else (objects, sets, complex128, sparse or quantized tensors, numpy object or
   string arrays, ``int`` or ``dict`` subclasses such as enums, nesting deeper than
   :data:`MAX_DEPTH`) raises :class:`StateCodecError`, a ``ValueError`` whose message
@@ -49,6 +52,9 @@ import numpy as np
 import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
+
+from wire.dataproto import build_dataproto, dataproto_document, is_dataproto
+from wire.errors import WireError
 
 __all__ = [
     "MAX_DEPTH",
@@ -83,7 +89,7 @@ TENSOR_DTYPES = frozenset({
 _NUMPY_KINDS = frozenset("biufc")
 
 _KINDS = ("value", "call", "snapshot", "answer")
-_TAGS = ("$tensor", "$ndarray", "$npscalar", "$bytes", "$tuple", "$float", "$dict")
+_TAGS = ("$tensor", "$ndarray", "$npscalar", "$bytes", "$tuple", "$float", "$dict", "$dataproto")
 
 
 class StateCodecError(ValueError):
@@ -158,10 +164,21 @@ class _Encoder(_Walker):
             return {"$ndarray": self._add(self._array(value))}
         if isinstance(value, np.generic) and not isinstance(value, (str, bytes)):
             return {"$npscalar": self._add(self._array(np.asarray(value)))}
+        if is_dataproto(value):
+            return {"$dataproto": self._dataproto(value)}
         if kind is bytes:
             data = torch.frombuffer(bytearray(value), dtype=torch.uint8) if value else torch.empty(0, dtype=torch.uint8)
             return {"$bytes": self._add(data)}
         raise _PathError(f"unsupported type {kind.__module__}.{kind.__qualname__}".replace("builtins.", ""))
+
+    def _dataproto(self, data: Any) -> dict[str, Any]:
+        # The wire's own form of a DataProto: its JSON document (non-tensor columns and
+        # meta_info as JSON values) and its batch tensors, here by index.
+        try:
+            document, tensors = dataproto_document(data, "DataProto")
+        except WireError as exc:
+            raise _PathError(str(exc)) from None
+        return {"document": document, "tensors": {key: self._add(self._tensor(t)) for key, t in tensors.items()}}
 
     def _mapping(self, mapping: Mapping[Any, Any], depth: int) -> Any:
         if all(type(key) is str and not key.startswith("$") for key in mapping):
@@ -314,6 +331,8 @@ class _Decoder(_Walker):
             return self._pairs(self._list(payload, tag), depth)
         if tag == "$float":
             return self._float(payload)
+        if tag == "$dataproto":
+            return self._dataproto(payload)
         tensor = self._take(payload)
         if tag == "$tensor":
             return tensor
@@ -331,6 +350,15 @@ class _Decoder(_Walker):
             return array[()]
         return array
 
+
+    def _dataproto(self, payload: Any) -> Any:
+        if type(payload) is not dict or set(payload) != {"document", "tensors"} or type(payload["tensors"]) is not dict:
+            raise _PathError("$dataproto needs an object with document and tensors")
+        tensors = {key: self._take(index) for key, index in payload["tensors"].items()}
+        try:
+            return build_dataproto(payload["document"], tensors, "DataProto")
+        except WireError as exc:
+            raise _PathError(str(exc)) from None
 
     def _pairs(self, pairs: list[Any], depth: int) -> dict[Any, Any]:
         out: dict[Any, Any] = {}

@@ -404,3 +404,46 @@ def test_every_truncation_and_random_corruption_gives_a_value_error_or_a_value()
         except StateCodecError:
             outcomes["error"] += 1
     assert outcomes["error"] > 1000
+
+
+# -- verl's DataProto ---------------------------------------------------------------------
+
+
+def test_a_journaled_dataproto_argument_comes_back_whole():
+    """A mutating verl method takes a DataProto (update_actor(data)); the journal keeps it
+    without pickle and a replay gets the same batch, non-tensor columns and meta_info."""
+    from single_controller.protocol import DataProto
+
+    data = DataProto.from_dict(
+        tensors={"responses": special_floats(torch.float32).reshape(2, 4), "mask": torch.tensor([[1], [0]])},
+        non_tensors={"uid": np.array(["a", "b"], dtype=object), "score": np.array([0.5, 1.5])},
+        meta_info={"temperature": 0.7, "tags": ["x", None]},
+    )
+    method, args, kwargs = decode_call(encode_call("update_actor", (data,), {"again": data}))
+    assert method == "update_actor"
+    for back in (args[0], kwargs["again"]):
+        assert type(back) is DataProto and len(back) == 2
+        assert same_tensor(data.batch["responses"], back.batch["responses"])
+        assert torch.equal(back.batch["mask"], data.batch["mask"])
+        assert back.non_tensor_batch["uid"].tolist() == ["a", "b"]
+        assert back.non_tensor_batch["score"].tolist() == [0.5, 1.5]
+        assert back.meta_info == {"temperature": 0.7, "tags": ["x", None]}
+
+
+def test_a_dataproto_the_store_cannot_keep_names_its_place():
+    from single_controller.protocol import DataProto
+
+    data = DataProto.from_dict(tensors={"x": torch.ones(1, 2)}, meta_info={"callback": object()})
+    with pytest.raises(StateCodecError, match=r"kwargs\['data'\]: DataProto.meta_info"):
+        encode_call("update", (), {"data": data})
+
+
+def test_a_forged_dataproto_record_is_refused():
+    blob = encode_value({"d": [1]})
+    header_len = struct.unpack_from("<4sBQ", blob)[2]
+    header = json.loads(blob[13:13 + header_len])
+    for payload in ({"document": {}, "tensors": {}}, {"document": None}, [1]):
+        header["body"] = {"value": {"$dataproto": payload}}
+        forged = json.dumps(header).encode()
+        with pytest.raises(StateCodecError, match=r"\$dataproto|DataProto"):
+            decode_value(struct.pack("<4sBQ", b"HFSC", 1, len(forged)) + forged)
