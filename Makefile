@@ -34,9 +34,13 @@ system-deps:
 		echo "missing Debian packages: $$missing (as root: apt-get install -y $$missing)"; \
 	fi
 
+# One pytest run per layer, so that each layer's Ray clusters and services are gone
+# before the next starts; every layer runs even if an earlier one failed.
 test: system-deps $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	status=0; for layer in tests/unit tests/ray tests/e2e; do \
+		$(PY) -m pytest -q -p no:cacheprovider $$layer $(PYTEST_ARGS) || status=1; \
+	done; exit $$status
 
 # The three layers of the suite: no Ray (seconds), one Ray cluster, `serve run` end to end.
 test-unit: system-deps $(STAMP)

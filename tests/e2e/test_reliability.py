@@ -255,7 +255,7 @@ def test_schemathesis_finds_no_server_errors(service):
     for operation in schema.get_all_operations():
         op = operation.ok()
 
-        @settings(max_examples=150, deadline=None, database=None,
+        @settings(max_examples=60, deadline=None, database=None,
                   suppress_health_check=list(HealthCheck))
         @given(case=op.as_strategy())
         def run(case):
@@ -266,7 +266,7 @@ def test_schemathesis_finds_no_server_errors(service):
                 failures.append(f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:200]}")
 
         run()
-    assert calls >= 1000
+    assert calls >= 300
     assert not failures, failures[:5]
 
 
