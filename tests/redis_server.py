@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -15,17 +14,13 @@ from pathlib import Path
 import pytest
 import redis
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from single_controller.rendezvous import free_port
 
 
 class RedisServer:
     def __init__(self, binary: str, directory: Path) -> None:
         self.binary, self.directory = binary, directory
-        self.port = _free_port()
+        self.port = free_port()
         self.proc: subprocess.Popen | None = None
 
     @property

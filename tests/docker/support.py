@@ -4,7 +4,6 @@ the service, and the tutorial's calls over HTTP with the numbers the README give
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -27,12 +26,6 @@ def docker(*args: str, check: bool = True, timeout: float = 300) -> subprocess.C
     if check and result.returncode != 0:
         raise AssertionError(f"docker {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
     return result
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_ready(client: httpx.Client, timeout_s: float, failure: Callable[[], str | None]) -> float:

@@ -27,7 +27,8 @@ import pytest
 import torch
 import yaml
 
-from tests.docker.support import IMAGE, ROOT, check_tutorial, container_logs, docker, free_port, wait_ready
+from single_controller.rendezvous import free_port
+from tests.docker.support import IMAGE, ROOT, check_tutorial, container_logs, docker, wait_ready
 
 NAME = f"hybridflow-clustertest-{os.getpid()}"
 HEAD, WORKER = f"{NAME}-head", f"{NAME}-worker"

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.docker.support import IMAGE, check_tutorial, container_logs, docker, free_port, wait_ready
+from single_controller.rendezvous import free_port
+from tests.docker.support import IMAGE, check_tutorial, container_logs, docker, wait_ready
 
 READY_TIMEOUT_S = 600
 TOKEN = "image-test-" + secrets.token_hex(8)
