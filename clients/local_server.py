@@ -25,6 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "serve_config.yaml"
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def port_free(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) != 0
@@ -97,6 +101,9 @@ class ServeProcess:
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # A shell's background job ignores SIGINT, and the child would inherit that:
+            # stop() could then never end serve run the way Ctrl-C does.
+            preexec_fn=_default_sigint,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
