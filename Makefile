@@ -34,13 +34,19 @@ system-deps:
 		echo "missing Debian packages: $$missing (as root: apt-get install -y $$missing)"; \
 	fi
 
-# One pytest run per layer, so that each layer's Ray clusters and services are gone
-# before the next starts; every layer runs even if an earlier one failed.
+# One pytest run per layer. The unit layer (no Ray, no timing) runs beside the Ray layer,
+# whose cluster start and worker spawns leave a core idle part of the time; the end-to-end
+# layer starts once both are done, so its services have the machine to themselves. Every
+# layer runs even if another failed; the unit layer's report follows the Ray layer's.
+UNIT_LOG := $(VENV)/unit-tests.log
 test: system-deps $(STAMP)
 	$(VENV)/bin/ruff check .
-	status=0; for layer in tests/unit tests/ray tests/e2e; do \
-		$(PY) -m pytest -q -p no:cacheprovider $$layer $(PYTEST_ARGS) || status=1; \
-	done; exit $$status
+	status=0; \
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS) > $(UNIT_LOG) 2>&1 & unit=$$!; \
+	$(PY) -m pytest -q -p no:cacheprovider tests/ray $(PYTEST_ARGS) || status=1; \
+	wait $$unit || status=1; echo "--- tests/unit:"; cat $(UNIT_LOG); \
+	$(PY) -m pytest -q -p no:cacheprovider tests/e2e $(PYTEST_ARGS) || status=1; \
+	exit $$status
 
 # The three layers of the suite: no Ray (seconds), one Ray cluster, `serve run` end to end.
 test-unit: system-deps $(STAMP)

@@ -65,6 +65,7 @@ class ServeProcess:
             self.env["SC_STATE_PATH"] = location if "://" in location else os.path.abspath(location)
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         self.proc: subprocess.Popen | None = None
+        self._log_start = 0
 
     def _write_config(self) -> None:
         if self.port == 8000 and not self.changed:
@@ -85,6 +86,10 @@ class ServeProcess:
         """Start ``serve run`` and wait until ``ready_path`` answers 200. ``fresh``
         overrides the instance's setting for this start. Stored state that no longer fits
         a group stops it at once (RuntimeError with the service's message)."""
+        return self.launch(fresh).wait_ready(timeout_s, ready_path)
+
+    def launch(self, fresh: bool | None = None) -> ServeProcess:
+        """Start ``serve run`` without waiting for it (``wait_ready`` waits)."""
         fresh = self.fresh if fresh is None else fresh
         if fresh:
             self.env["SC_STATE_FRESH"] = "1"
@@ -92,7 +97,7 @@ class ServeProcess:
             self.env.pop("SC_STATE_FRESH", None)
         self._write_config()
         self.log.flush()
-        log_start = Path(self.log.name).stat().st_size
+        self._log_start = Path(self.log.name).stat().st_size
         serve_bin = Path(sys.executable).parent / "serve"
         self.proc = subprocess.Popen(
             [str(serve_bin), "run", str(self.config)],
@@ -105,11 +110,17 @@ class ServeProcess:
             # stop() could then never end serve run the way Ctrl-C does.
             preexec_fn=_default_sigint,
         )
+        return self
+
+    def wait_ready(self, timeout_s: float = 600.0, ready_path: str = "/readyz") -> ServeProcess:
+        """Wait until the launched ``serve run`` answers 200 on ``ready_path``."""
+        if self.proc is None:
+            raise RuntimeError("wait_ready() before launch()")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"serve run exited with {self.proc.returncode}:\n{self.tail()}")
-            refused = self._refusal(log_start)
+            refused = self._refusal(self._log_start)
             if refused:
                 self.stop()
                 raise RuntimeError(f"serve run refused to start: {refused}")

@@ -31,7 +31,7 @@ from single_controller.ray import (  # noqa: E402
 
 
 def main() -> None:
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2, "include_dashboard": False})
     cluster.add_node(num_cpus=2, num_gpus=2)
     ray.init(address=cluster.address, log_to_driver=False)
     cluster.wait_for_nodes()

@@ -1,7 +1,8 @@
 """A second service for the end-to-end tests, started once: serve_config.yaml's test_actor
-deployment plus a deployment of worker classes from a package outside the project (a
-temporary directory on PYTHONPATH), with a bearer token, a 1 KiB body limit and a 3 s
-request timeout."""
+deployment, its accumulators cut to the pool of 4, and a deployment of worker classes from
+a package outside the project (a temporary directory on PYTHONPATH), with a bearer token, a
+1 KiB body limit, a 3 s request timeout, and the controllers inside the ingress replica
+(``controllers_in_ingress: true``; the session's service covers the default layout)."""
 
 from __future__ import annotations
 
@@ -73,23 +74,68 @@ OWN_DEPLOYMENT = {
 
 
 @pytest.fixture(scope="session")
-def limited(tmp_path_factory):
+def second_service(tmp_path_factory):
+    """The second service's ``serve run``, launched by the first test that asks for it
+    (not waited for: ``limited`` waits until it is ready)."""
     packages = tmp_path_factory.mktemp("outside")
     (packages / "my_counters").mkdir()
     (packages / "my_counters" / "__init__.py").write_text("")
     (packages / "my_counters" / "workers.py").write_text(textwrap.dedent(OWN_WORKERS))
     args = yaml.safe_load(Path(CONFIG).read_text())["applications"][0]["args"]
-    test_actor = [d for d in args["deployments"] if d["name"] == "test_actor"]
+    test_actor = next(d for d in args["deployments"] if d["name"] == "test_actor")
+    accumulators = next(d for d in args["deployments"] if d["name"] == "accumulators")
+    accumulators = {**accumulators, "groups": [g for g in accumulators["groups"] if g["name"] == "gpu_accumulator"]}
     proc = ServeProcess(
-        overrides={"max_body_bytes": 1024, "request_timeout_s": 3, "deployments": [*test_actor, OWN_DEPLOYMENT]},
+        overrides={"max_body_bytes": 1024, "request_timeout_s": 3, "controllers_in_ingress": True,
+                   "deployments": [test_actor, accumulators, OWN_DEPLOYMENT]},
         env={"SC_AUTH_TOKEN": TOKEN, "PYTHONPATH": str(packages)},
         state_path=tmp_path_factory.mktemp("limited-state") / "state.db",
     )
-    proc.start()  # readiness is an open route, so the token is not needed to wait for it
     try:
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def limited(second_service):
+    if second_service.proc is None:
+        second_service.launch()
+    return second_service.wait_ready()  # readiness is an open route: no token needed
+
+
+#: The order of the modules: the session's service first, then the second service, whose
+#: start overlaps the 40 s call of test_reliability (the last test on the first service,
+#: which launches it: its workers sleep, the cores are idle), then the restart services.
+MODULE_ORDER = (
+    "test_http_service", "test_jobs", "test_mlp_batching", "test_observability", "test_status_page",
+    "test_reliability", "test_controllers_in_ingress", "test_own_worker_group", "test_service_limits",
+    "test_client_install", "test_state_restart",
+)
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        name = item.module.__name__.rsplit(".", 1)[-1]
+        return MODULE_ORDER.index(name) if name in MODULE_ORDER else len(MODULE_ORDER)
+
+    items.sort(key=rank)  # stable: the tests of a module keep their order
+    for item in items:  # the last test to use each service stops it (see below)
+        for name in SERVICES:
+            if name in item.fixturenames:
+                LAST_USER[name] = item.nodeid
+
+
+#: Session services stopped as soon as their last test is done, so that an idle service
+#: takes no CPU from the starts of the next ones (their fixtures' own stop is then a no-op).
+SERVICES = ("service", "second_service")
+LAST_USER: dict[str, str] = {}
+
+
+def pytest_runtest_teardown(item, nextitem):
+    for name in SERVICES:
+        if nextitem is not None and LAST_USER.get(name) == item.nodeid and name in item.funcargs:
+            item.funcargs[name].stop()
 
 
 @pytest.fixture(scope="session")

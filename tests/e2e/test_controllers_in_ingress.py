@@ -1,44 +1,20 @@
 """End to end: `controllers_in_ingress: true`, the controllers inside the ingress replica
-(one Serve hop fewer per call). A service of two declared deployments answers as the
-usual one does: group calls in order, group details, OIP models, and jobs (which reach
-the controllers through the ingress)."""
+(one Serve hop fewer per call), on the second service (tests/e2e/conftest.py). Its
+declared deployments answer as the usual service does: group calls in order, group
+details, OIP models, and jobs (which reach the controllers through the ingress)."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
-
-import httpx
-import pytest
-import yaml
-
-from clients.local_server import CONFIG, ServeProcess
-
-
-@pytest.fixture(scope="module")
-def hosted():
-    args = yaml.safe_load(Path(CONFIG).read_text())["applications"][0]["args"]
-    accumulators = next(d for d in args["deployments"] if d["name"] == "accumulators")
-    test_actor = next(d for d in args["deployments"] if d["name"] == "test_actor")
-    deployments = [
-        {**accumulators, "groups": [g for g in accumulators["groups"] if g["name"] == "gpu_accumulator"]},
-        test_actor,
-    ]
-    proc = ServeProcess(overrides={"controllers_in_ingress": True, "deployments": deployments})
-    proc.start()
-    try:
-        with httpx.Client(base_url=proc.url, timeout=120) as client:
-            yield client
-    finally:
-        proc.stop()
 
 
 def values(http, group):
     return [item["data"][0] for item in http.post(f"/v1/groups/{group}/get_value", json={}).json()["output"]]
 
 
-def test_calls_details_models_and_jobs_with_the_controllers_in_the_ingress(hosted):
-    http = hosted
+def test_calls_details_models_and_jobs_with_the_controllers_in_the_ingress(limited, client):
+    http = client
+    assert limited.overrides["controllers_in_ingress"] is True
     assert values(http, "gpu_accumulator") == [0.0, 1.0, 2.0, 3.0]
     for _ in range(3):
         assert http.post("/v1/groups/gpu_accumulator/add", json={"kwargs": {"x": [1, 1, 1, 1]}}).status_code == 200

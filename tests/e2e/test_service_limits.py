@@ -35,5 +35,5 @@ def test_call_past_the_timeout_is_504(client):
 
 
 def test_groups_of_other_deployments_are_absent(client):
-    assert client.post("/v1/groups/gpu_accumulator/add", json={}).status_code == 404
+    assert client.post("/v1/groups/accumulator/add", json={}).status_code == 404
     assert client.get("/v2/models/mlp").status_code == 404

@@ -12,7 +12,7 @@ reaching the client (in doubt), and the retry resolves it (the first answer if i
 recorded, applied now if not), so "acknowledged" is exact.
 
 The service is the tutorial's ``accumulators`` deployment cut to two groups (the plain
-actor and a pool of 4) so that the four starts stay short; the full deployment's restore
+actor and a pool of 2) so that the five starts stay short; the full deployment's restore
 is the same code.
 """
 
@@ -33,8 +33,8 @@ from clients.local_server import CONFIG, ServeProcess
 from tests.redis_server import start_redis
 
 GROUPS = ("accumulator", "gpu_accumulator")
-ADDS = {"accumulator": {"args": [1]}, "gpu_accumulator": {"kwargs": {"x": [1, 2, 3, 4]}}}
-STEP = {"accumulator": [1], "gpu_accumulator": [1, 2, 3, 4]}
+ADDS = {"accumulator": {"args": [1]}, "gpu_accumulator": {"kwargs": {"x": [1, 2]}}}
+STEP = {"accumulator": [1], "gpu_accumulator": [1, 2]}
 
 KILL_REPLICA = """
 import sys, ray
@@ -47,7 +47,7 @@ print(names[0]["name"])
 """
 
 
-def _accumulators(gpu_ranks: int = 4) -> dict:
+def _accumulators(gpu_ranks: int = 2) -> dict:
     args = yaml.safe_load(CONFIG.read_text())["applications"][0]["args"]
     (deployment,) = [d for d in args["deployments"] if d["name"] == "accumulators"]
     groups = [g for g in deployment["groups"] if g["name"] in GROUPS]
@@ -195,11 +195,11 @@ def test_serve_run_stopped_with_sigint_and_started_again_restores_every_group(re
 @pytest.mark.parametrize("restartable", ["sqlite"], indirect=True)
 def test_a_group_whose_world_size_changed_is_refused_at_start_naming_it_and_the_fix(restartable):
     restartable.stop()
-    changed = ServeProcess(overrides={"deployments": [_accumulators(gpu_ranks=2)]}, fresh=False,
+    changed = ServeProcess(overrides={"deployments": [_accumulators(gpu_ranks=1)]}, fresh=False,
                            state_path=restartable.state_location)
     with pytest.raises(RuntimeError) as refused:
         changed.start(timeout_s=300)
     message = str(refused.value)
     assert "group 'gpu_accumulator' of deployment 'accumulators'" in message
-    assert "world size: stored 4, configured 2" in message
+    assert "world size: stored 2, configured 1" in message
     assert "make serve-fresh" in message and "on_mismatch: reset" in message
