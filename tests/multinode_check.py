@@ -93,31 +93,25 @@ def main() -> None:
             out["oversized_pool"] = "placed"
         except ResourceUnavailableError as exc:
             out["oversized_pool"] = str(exc)
+        out.update(uneven_nodes(cluster))
     finally:
         ray.shutdown()
         cluster.shutdown()
-    out.update(uneven_nodes())
     print("RESULT " + json.dumps(out))
 
 
-def uneven_nodes() -> dict:
-    """A CPU pool [2, 2] on a 2-CPU and an 8-CPU node: either node could hold all four
-    bundles (Ray's scheduler alone packs both entries on the big one), and each entry
-    still gets a node of its own."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+def uneven_nodes(cluster: Cluster) -> dict:
+    """The same cluster with an 8-CPU node added: a CPU pool [2, 2] whose four bundles any
+    one node could hold (Ray's scheduler alone packs both entries on one node), and each
+    entry still gets a node of its own."""
     cluster.add_node(num_cpus=8)
-    ray.init(address=cluster.address, log_to_driver=False)
     cluster.wait_for_nodes()
-    try:
-        pool = RayResourcePool([2, 2], use_gpu=False, name_prefix="uneven", num_cpus_per_bundle=0.25)
-        group = RayWorkerGroup(pool, RayClassWithInitArgs(cls=GPUAccumulator))
-        seen = {"uneven_nodes_by_rank": [i["node_id"] for i in group.rank_info()]}
-        group.shutdown()
-        pool.remove()
-        return seen
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    pool = RayResourcePool([2, 2], use_gpu=False, name_prefix="uneven", num_cpus_per_bundle=0.25)
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(cls=GPUAccumulator))
+    seen = {"uneven_nodes_by_rank": [i["node_id"] for i in group.rank_info()]}
+    group.shutdown()
+    pool.remove()
+    return seen
 
 
 if __name__ == "__main__":
