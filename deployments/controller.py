@@ -169,13 +169,9 @@ class GroupController:
                 return result
         entry = record = None
         if info.mutating:
-            try:
-                entry = state.journal.begin(request.method, args, kwargs)
-            except Exception as exc:  # arguments the journal cannot keep a copy of
-                result.error = _error(ErrorKind.BAD_ARGUMENTS, f"{request.method}: {failure_of(exc)[1]}")
-                return result
-            try:
-                record = state.durability.prepare(entry, request)
+            entry = state.journal.begin(request.method)
+            try:  # encoded now, before any dispatch function sees the arguments
+                record = state.durability.prepare(entry, args, kwargs, request)
             except StateCodecError as exc:
                 state.journal.abort(entry)
                 result.error = _error(ErrorKind.BAD_ARGUMENTS, f"{request.method}: the state store cannot keep {exc}")

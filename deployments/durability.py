@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -234,20 +235,24 @@ class GroupDurability:
                     f"{self.scope}: the stored snapshot has {len(ranks)} ranks, the group {group.world_size}"
                 )
             await _run_on_every_rank(group.execute_all_async(LOAD_STATE_DICT, ranks))
-        entries = await asyncio.to_thread(lambda: [Entry(seq, *decode_call(data)) for seq, data in stored.entries])
-        member.journal.reload(entries, stored.last_seq + 1)
+        # each call decoded into objects of its own: a dispatch function may change them
+        calls = await asyncio.to_thread(lambda: [decode_call(data) for _, data in stored.entries])
+        member.journal.reload([seq for seq, _ in stored.entries], stored.last_seq + 1)
         self.snapshot_seq = stored.snapshot_seq
-        self._since_snapshot = len(entries)
-        pending = [group.submit(*entry.call()) for entry in entries]
+        self._since_snapshot = len(calls)
+        pending = [group.submit(method, args, kwargs) for method, args, kwargs in calls]
         await _run_on_every_rank([future for call in pending for future in call.futures])
-        return len(entries)
+        return len(calls)
 
     # -- recording -------------------------------------------------------------------
-    def prepare(self, entry: Entry, request: CallRequest) -> PendingRecord:
-        """Encode a mutating call before it is submitted (StateCodecError: arguments the
-        store cannot keep)."""
+    def prepare(
+        self, entry: Entry, args: Sequence[Any], kwargs: Mapping[str, Any], request: CallRequest
+    ) -> PendingRecord:
+        """Encode a mutating call before it is submitted, so that what is replayed is what
+        the caller sent, whatever a dispatch function does to its arguments afterwards
+        (StateCodecError: arguments the store cannot keep)."""
         return PendingRecord(
-            entry.seq, entry.method, encode_call(entry.method, entry.args, entry.kwargs),
+            entry.seq, entry.method, encode_call(entry.method, args, kwargs),
             request.idempotency_key, request.fingerprint,
         )
 

@@ -11,6 +11,7 @@ import torch
 from deployments.catalogue import EXECUTE_ALL, catalogue, per_rank_problem
 from deployments.idempotency import IdempotencyCache, IdempotencyConflict, estimate_bytes
 from deployments.journal import Journal
+from deployments.state_codec import decode_call, encode_call
 from single_controller.models.mlp_worker import MLPLayerWorker
 from single_controller.models.tutorial_workers import (
     Accumulator,
@@ -27,46 +28,42 @@ def run(coro):
 # -- journal ------------------------------------------------------------------------------
 
 
-def test_journal_replays_acknowledged_calls_in_submission_order():
+def test_journal_acknowledges_calls_in_submission_order():
     async def scenario():
         journal = Journal()
-        first = journal.begin("add", [1], {})
-        second = journal.begin("add", [2], {})
-        third = journal.begin("add", [3], {})
+        first = journal.begin("add")
+        second = journal.begin("add")
+        third = journal.begin("add")
         assert journal.inflight == 3
         journal.acknowledge(third)  # answers come back in any order
         journal.abort(second)
         journal.acknowledge(first)
         assert journal.inflight == 0 and await journal.settled(0.1)
-        return [(m, a) for m, a, _ in journal.replay()]
+        return journal.acknowledged()
 
-    assert run(scenario()) == [("add", (1,)), ("add", (3,))]
+    assert run(scenario()) == [0, 2]
 
 
-def test_replay_hands_out_copies_a_dispatch_function_may_change():
-    async def scenario():
-        journal = Journal()
-        kwargs = {"x": [1, 2], "y": [5, 6]}
-        entry = journal.begin("foo_custom", [], kwargs)
-        kwargs["x"].append(99)  # the caller's dispatch ran on its own lists after begin()
-        journal.acknowledge(entry)
+def test_a_call_is_replayed_as_sent_whatever_a_dispatch_function_does_to_it():
+    # What a rebuild replays is the call the state store encoded before submission.
+    kwargs = {"x": [1, 2], "y": [5, 6]}
+    data = encode_call("foo_custom", [], kwargs)
+    kwargs["x"].append(99)  # the caller's dispatch ran on its own lists after the encoding
 
-        class Group:
-            world_size = 4
+    class Group:
+        world_size = 4
 
-        for _ in range(3):
-            _, args, replayed = next(journal.replay())
-            two_to_all_dispatch_fn(Group(), *args, **replayed)  # appends to the lists it gets
-            assert replayed["x"] == [1, 2, 1, 2]
-        return journal.entries()[0].kwargs
-
-    assert run(scenario()) == {"x": [1, 2], "y": [5, 6]}
+    for _ in range(3):  # every rebuild decodes objects of its own
+        method, args, replayed = decode_call(data)
+        two_to_all_dispatch_fn(Group(), *args, **replayed)  # appends to the lists it gets
+        assert method == "foo_custom" and replayed["x"] == [1, 2, 1, 2]
+    assert decode_call(data)[2] == {"x": [1, 2], "y": [5, 6]}
 
 
 def test_settled_waits_for_calls_in_flight():
     async def scenario():
         journal = Journal()
-        entry = journal.begin("add", [1], {})
+        entry = journal.begin("add")
         assert not await journal.settled(0.05)
         asyncio.get_running_loop().call_later(0.05, journal.acknowledge, entry)
         return await journal.settled(2)
@@ -74,15 +71,15 @@ def test_settled_waits_for_calls_in_flight():
     assert run(scenario())
 
 
-def test_truncate_and_restore():
+def test_truncate_and_reload():
     journal = Journal()
-    entries = [journal.begin("add", [i], {}) for i in range(5)]
+    entries = [journal.begin("add") for _ in range(5)]
     for entry in entries:
         journal.acknowledge(entry)
     assert journal.truncate(2) == 3
-    assert [e.seq for e in journal.entries()] == [3, 4]
+    assert journal.acknowledged() == [3, 4]
     again = Journal()
-    again.restore(journal.entries())
+    again.reload(journal.acknowledged(), 0)  # a restarted controller, from its store
     assert again.next_seq == 5 and len(again) == 2
 
 

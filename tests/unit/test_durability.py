@@ -37,11 +37,12 @@ def scope(state: StateConfig, config: GroupConfig = GROUP, world_size: int = 4) 
 
 
 def record(durability: GroupDurability, journal: Journal, x: int, key: str | None = None) -> CallResult:
-    entry = journal.begin("add", [], {"x": [x] * 4})
-    request = CallRequest("gpu_accumulator", "add", kwargs=entry.kwargs, idempotency_key=key, fingerprint=f"body-{x}")
+    entry = journal.begin("add")
+    request = CallRequest("gpu_accumulator", "add", kwargs={"x": [x] * 4}, idempotency_key=key,
+                          fingerprint=f"body-{x}")
     result = CallResult(output=[torch.tensor([float(x + rank)]) for rank in range(4)], dispatch_mode="EXECUTE_ALL",
                         execute_mode="ALL", world_size=4)
-    run(durability.record(durability.prepare(entry, request), result))
+    run(durability.record(durability.prepare(entry, request.args, request.kwargs, request), result))
     journal.acknowledge(entry)
     return result
 
@@ -160,9 +161,9 @@ def test_answers_round_trip_and_an_unkeepable_one_is_marked_applied():
 def test_arguments_the_store_cannot_keep_are_refused_before_submission(tmp_path):
     state = StateConfig(path=str(tmp_path / "state.db"))
     durability = scope(state)
-    entry = Journal(1).begin("add", [], {"x": {1, 2}})
+    entry = Journal(1).begin("add")
     with pytest.raises(StateCodecError, match=r"kwargs\['x'\]"):
-        durability.prepare(entry, CallRequest("gpu_accumulator", "add"))
+        durability.prepare(entry, [], {"x": {1, 2}}, CallRequest("gpu_accumulator", "add"))
 
 
 # -- the journal's waits --------------------------------------------------------------------
@@ -171,7 +172,7 @@ def test_arguments_the_store_cannot_keep_are_refused_before_submission(tmp_path)
 def test_settled_through_waits_only_for_calls_up_to_a_number():
     async def scenario():
         journal = Journal(1)
-        first, second, third = (journal.begin("add", [i], {}) for i in range(3))
+        first, second, third = (journal.begin("add") for _ in range(3))
         waiting = asyncio.ensure_future(journal.settled_through(second.seq, 5))
         await asyncio.sleep(0.01)
         journal.acknowledge(second)
@@ -187,9 +188,9 @@ def test_settled_through_waits_only_for_calls_up_to_a_number():
 
 def test_reload_replaces_entries_and_never_numbers_backwards():
     journal = Journal()
-    for i in range(5):
-        journal.acknowledge(journal.begin("add", [i], {}))
+    for _ in range(5):
+        journal.acknowledge(journal.begin("add"))
     journal.reload([], 3)
     assert len(journal) == 0 and journal.next_seq == 5
     journal.reload([], 40)
-    assert journal.begin("add", [], {}).seq == 40
+    assert journal.begin("add").seq == 40
