@@ -97,7 +97,7 @@ def test_a_call_that_reaches_some_ranks_only_is_undone(loop, controller, monkeyp
     # The state store refuses what it cannot encode before anything is sent; here it takes
     # the call as it is, so that Ray's own serialisation fails part way through the ranks.
     durability = controller.groups["acc"].durability
-    monkeypatch.setattr(durability, "prepare", lambda entry, request: PendingRecord(
+    monkeypatch.setattr(durability, "prepare", lambda entry, args, kwargs, request: PendingRecord(
         entry.seq, entry.method, b"", request.idempotency_key, request.fingerprint))
     # rank 2's argument cannot be serialised: ranks 0 and 1 got the call, 2 and 3 did not
     result = call(loop, controller, "acc", "add", x=[1, 1, Unsendable(), 1])
