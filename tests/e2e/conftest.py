@@ -110,7 +110,7 @@ def limited(second_service):
 MODULE_ORDER = (
     "test_http_service", "test_jobs", "test_mlp_batching", "test_observability", "test_status_page",
     "test_reliability", "test_controllers_in_ingress", "test_own_worker_group", "test_service_limits",
-    "test_state_restart",
+    "test_client_install", "test_state_restart",
 )
 
 

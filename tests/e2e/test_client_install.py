@@ -1,7 +1,6 @@
 """`pip install '.[client]'` into a fresh virtual environment: the client and CLI import
-and run there, and nothing of the server's dependencies was installed. No Ray and no
-service, so it sits in the unit layer, though it takes 20 s or more (pip unpacks torch from
-the local wheel); the unit layer runs beside the Ray layer."""
+and run there, and nothing of the server's dependencies was installed (about 75 s: pip
+unpacks torch from the local wheel)."""
 
 from __future__ import annotations
 
