@@ -26,6 +26,7 @@ from deployments.contract import (
 from deployments.controller import GroupController
 from deployments.models import ModelServer
 from deployments.placement import DeploymentPlan
+from single_controller.ray.tensor_transport import send_tensors_out_of_band
 
 
 class HostedController:
@@ -46,6 +47,9 @@ class HostedController:
         # INGRESS_RUNTIME_ENV); the controller only reads and forwards them, so torch's
         # warning about non-writable arrays says nothing here.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        # The tensors it sends on to the workers go out of band (one copy into the object
+        # store instead of torch's pickling); each rank still gets a writable tensor.
+        send_tensors_out_of_band()
         config = DeploymentConfig.model_validate(deployment)
         settings = ServiceConfig.model_validate({**service, "deployments": [deployment]})
         self.pools = PoolSet(plan, ray.util.get_current_placement_group(), bundle_shift)

@@ -45,6 +45,10 @@ class ModeWorker(Worker):
     def all_to_all(self, x):
         return (self.rank, x)
 
+    @register(Dispatch.ONE_TO_ALL)
+    def scale_in_place(self, x):
+        return x.mul_(self.rank + 1)
+
     @register(Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
     def rank_zero(self, x):
         return (self.rank, x)
@@ -332,3 +336,16 @@ def test_pool_arguments_are_validated():
 
 def test_registered_dispatch_error_is_a_value_error():
     assert issubclass(DispatchError, ValueError)
+
+
+def test_out_of_band_tensors_reach_every_rank_as_a_tensor_of_its_own(group):
+    from single_controller.ray.tensor_transport import send_tensors_out_of_band
+
+    x = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB: it goes through the object store
+    send_tensors_out_of_band()
+    try:
+        outputs = group.scale_in_place(x)  # every rank writes to what it got
+    finally:
+        ray.util.deregister_serializer(torch.Tensor)
+    assert [out[:3].tolist() for out in outputs] == [[0.0, rank + 1.0, 2 * (rank + 1.0)] for rank in range(4)]
+    assert x[:3].tolist() == [0.0, 1.0, 2.0]
