@@ -142,19 +142,26 @@ def test_colocated_groups_share_processes_and_recover_together(service, http):
     assert ok.status_code == 200, ok.text
     assert http.post("/v1/groups/gpu_accumulator_decorator/add", json={"kwargs": {"x": 3}}).status_code == 200
     before = {g: values(http, g) for g in ("gpu_accumulator_merge", "gpu_accumulator_decorator")}
+    rebuilds = {g: http.get(f"/v1/groups/{g}").json()["rebuilds"] for g in before}
     kill_actor(service, merge["namespace"], merge["ranks"][5]["actor_name"])
-    # Both groups lost rank 5: each answers 503 (with Retry-After) until rebuilt.
-    for group, body in (("gpu_accumulator_decorator", {"kwargs": {"x": 1}}),
-                        ("gpu_accumulator_merge", {"kwargs": {"x": [1] * 8}})):
+    # Both groups lost rank 5: each answers 503 (with Retry-After) until rebuilt. They are
+    # rebuilt together within seconds, so the second may be back before it is asked: its
+    # rebuild counted shows it noticed too. The probes are read-only, so a 200 changes nothing.
+    saw_503 = []
+    for group in before:
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            answer = http.post(f"/v1/groups/{group}/add", json=body)
+        while True:
+            answer = http.post(f"/v1/groups/{group}/get_value", json={})
             if answer.status_code != 200:
                 assert answer.status_code == 503 and answer.headers.get("retry-after"), answer.text
+                saw_503.append(group)
                 break
-            time.sleep(0.2)
-        else:
-            pytest.fail(f"{group} never noticed its dead process")
+            if http.get(f"/v1/groups/{group}").json()["rebuilds"] > rebuilds[group]:
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(f"{group} never noticed its dead process")
+            time.sleep(0.1)
+    assert saw_503, "neither group answered 503 while it was rebuilt"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if [http.get(f"/v1/groups/{g}").json()["status"] for g in before] == ["ready", "ready"]:
@@ -168,6 +175,7 @@ def test_colocated_groups_share_processes_and_recover_together(service, http):
         r["pid"] for r in http.get("/v1/groups/gpu_accumulator_decorator").json()["ranks"]
     ]
     assert {r["pid"] for r in rebuilt["ranks"]}.isdisjoint({r["pid"] for r in merge["ranks"]})
+    assert {g: http.get(f"/v1/groups/{g}").json()["rebuilds"] for g in before} == {g: n + 1 for g, n in rebuilds.items()}
 
 def safetensors_body(*names: str) -> dict:
     """A safetensors call body of one-float tensors under these names."""
