@@ -145,23 +145,22 @@ def test_colocated_groups_share_processes_and_recover_together(service, http):
     rebuilds = {g: http.get(f"/v1/groups/{g}").json()["rebuilds"] for g in before}
     kill_actor(service, merge["namespace"], merge["ranks"][5]["actor_name"])
     # Both groups lost rank 5: each answers 503 (with Retry-After) until rebuilt. They are
-    # rebuilt together within seconds, so the second may be back before it is asked: its
-    # rebuild counted shows it noticed too. The probes are read-only, so a 200 changes nothing.
-    saw_503 = []
+    # rebuilt together within seconds, often before kill_actor's own process has exited,
+    # so a group may be back before it is asked: its rebuild counted shows it noticed. (The
+    # 503 of a killed worker under load is test_killed_worker_fails_fast_... above.) The
+    # probes are read-only, so a 200 changes nothing.
     for group in before:
         deadline = time.monotonic() + 30
         while True:
             answer = http.post(f"/v1/groups/{group}/get_value", json={})
             if answer.status_code != 200:
                 assert answer.status_code == 503 and answer.headers.get("retry-after"), answer.text
-                saw_503.append(group)
                 break
             if http.get(f"/v1/groups/{group}").json()["rebuilds"] > rebuilds[group]:
                 break
             if time.monotonic() > deadline:
                 pytest.fail(f"{group} never noticed its dead process")
             time.sleep(0.1)
-    assert saw_503, "neither group answered 503 while it was rebuilt"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if [http.get(f"/v1/groups/{g}").json()["status"] for g in before] == ["ready", "ready"]:
