@@ -112,6 +112,10 @@ class ServeProcess:
         )
         return self
 
+    def ensure_launched(self) -> ServeProcess:
+        """Launch ``serve run`` unless this instance already did (started or not yet ready)."""
+        return self if self.proc is not None else self.launch()
+
     def wait_ready(self, timeout_s: float = 600.0, ready_path: str = "/readyz") -> ServeProcess:
         """Wait until the launched ``serve run`` answers 200 on ``ready_path``."""
         if self.proc is None:

@@ -33,6 +33,33 @@ def kill_actor(service: ServeProcess, namespace: str, name: str) -> None:
     subprocess.run([sys.executable, "-c", KILL, service.gcs_address(), namespace, name], check=True, timeout=120)
 
 
+def wait_until_noticed(client: httpx.Client, group: str, probe: str, rebuilds: int, timeout_s: float = 30) -> bool:
+    """Call the read-only method ``probe`` of a group whose worker was killed until the
+    group shows it noticed: a 503 with Retry-After, or a rebuild count above ``rebuilds``
+    (the rebuild takes seconds and can be over before the first probe, since the kill's own
+    process takes seconds to exit). Returns whether it answered 503."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        answer = client.post(f"/v1/groups/{group}/{probe}", json={})
+        if answer.status_code != 200:
+            assert answer.status_code == 503 and answer.headers.get("retry-after"), answer.text
+            return True
+        if client.get(f"/v1/groups/{group}").json()["rebuilds"] > rebuilds:
+            return False
+        time.sleep(0.1)
+    raise AssertionError(f"{group} never noticed its dead worker within {timeout_s:g} s")
+
+
+def wait_until_ready(client: httpx.Client, groups: list[str], timeout_s: float = 60) -> None:
+    """Wait until every one of ``groups`` reports status ready."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(client.get(f"/v1/groups/{g}").json()["status"] == "ready" for g in groups):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{groups} were not ready again within {timeout_s:g} s")
+
+
 def metrics_endpoints(service: ServeProcess) -> list[str]:
     """Every live node's Prometheus endpoint (``MetricsExportPort`` in ``ray.nodes()``)."""
     done = subprocess.run([sys.executable, "-c", METRICS_ENDPOINTS, service.gcs_address()],

@@ -99,9 +99,7 @@ def second_service(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def limited(second_service):
-    if second_service.proc is None:
-        second_service.launch()
-    return second_service.wait_ready()  # readiness is an open route: no token needed
+    return second_service.ensure_launched().wait_ready()  # readiness is an open route: no token needed
 
 
 #: The order of the modules: the session's service first, then the second service, whose

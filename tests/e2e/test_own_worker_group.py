@@ -4,12 +4,10 @@ a temporary directory; here it is called over HTTP and recovered after a worker 
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
-from tests.e2e.cluster import kill_actor
+from tests.e2e.cluster import kill_actor, wait_until_noticed, wait_until_ready
 
 
 def call(client, group, method, **body):
@@ -63,20 +61,7 @@ def test_a_killed_worker_is_replaced_and_the_state_replayed(limited, client):
     detail = client.get("/v1/groups/counter").json()
     victim = detail["ranks"][1]["actor_name"]
     kill_actor(limited, detail["namespace"], victim)
-    # 503 with Retry-After until rebuilt; the rebuild may be over before the first call
-    # (the kill's own process takes seconds to exit), and then its count shows it.
-    deadline, saw_503 = time.monotonic() + 60, False
-    while time.monotonic() < deadline:
-        response = client.post("/v1/groups/counter/get", json={})
-        if response.status_code == 503:
-            saw_503 = True
-            assert response.headers["retry-after"]
-        elif response.status_code == 200 and (
-            saw_503 or client.get("/v1/groups/counter").json()["rebuilds"] > detail["rebuilds"]
-        ):
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError("the group never came back after its worker was killed")
+    wait_until_noticed(client, "counter", "get", detail["rebuilds"], timeout_s=60)
+    wait_until_ready(client, ["counter"])
     assert call(client, "counter", "get")["output"] == before
     assert client.get("/v1/groups/counter").json()["rebuilds"] == detail["rebuilds"] + 1

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import torch
 
-from tests.e2e.cluster import kill_actor
+from tests.e2e.cluster import kill_actor, wait_until_noticed, wait_until_ready
 from tests.mlp_reference import SMALL, assert_close, from_json, reference_mlp, to_json
 
 
@@ -144,30 +144,11 @@ def test_colocated_groups_share_processes_and_recover_together(service, http):
     before = {g: values(http, g) for g in ("gpu_accumulator_merge", "gpu_accumulator_decorator")}
     rebuilds = {g: http.get(f"/v1/groups/{g}").json()["rebuilds"] for g in before}
     kill_actor(service, merge["namespace"], merge["ranks"][5]["actor_name"])
-    # Both groups lost rank 5: each answers 503 (with Retry-After) until rebuilt. They are
-    # rebuilt together within seconds, often before kill_actor's own process has exited,
-    # so a group may be back before it is asked: its rebuild counted shows it noticed. (The
-    # 503 of a killed worker under load is test_killed_worker_fails_fast_... above.) The
-    # probes are read-only, so a 200 changes nothing.
+    # Both groups lost rank 5. (The 503 of a killed worker under load is
+    # test_killed_worker_fails_fast_... above; these read-only probes change nothing.)
     for group in before:
-        deadline = time.monotonic() + 30
-        while True:
-            answer = http.post(f"/v1/groups/{group}/get_value", json={})
-            if answer.status_code != 200:
-                assert answer.status_code == 503 and answer.headers.get("retry-after"), answer.text
-                break
-            if http.get(f"/v1/groups/{group}").json()["rebuilds"] > rebuilds[group]:
-                break
-            if time.monotonic() > deadline:
-                pytest.fail(f"{group} never noticed its dead process")
-            time.sleep(0.1)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if [http.get(f"/v1/groups/{g}").json()["status"] for g in before] == ["ready", "ready"]:
-            break
-        time.sleep(0.5)
-    else:
-        pytest.fail("colocated groups did not recover within 60 s")
+        wait_until_noticed(http, group, "get_value", rebuilds[group])
+    wait_until_ready(http, list(before))
     assert {g: values(http, g) for g in before} == before
     rebuilt = http.get("/v1/groups/gpu_accumulator_merge").json()
     assert [r["pid"] for r in rebuilt["ranks"]] == [
@@ -342,8 +323,7 @@ def test_a_40_s_call_and_a_queue_behind_it_never_trip_the_health_check(service, 
     group = http.get("/v1/groups/test_actor").json()
     replica = replicas(service, "test_actor")
     # The cores are idle while the workers sleep: the next modules' service starts meanwhile.
-    if second_service.proc is None:
-        second_service.launch()
+    second_service.ensure_launched()
     started = time.monotonic()
     responses = post_many(
         service,

@@ -6,13 +6,12 @@ in the metrics), and Swagger UI rendered from the ingress's own assets."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import httpx
 
 from tests.browser import save_screenshot
-from tests.e2e.cluster import kill_actor, metrics_endpoints, scrape_until
+from tests.e2e.cluster import kill_actor, metrics_endpoints, scrape_until, wait_until_noticed
 
 TUTORIAL = {
     "accumulators": ["accumulator", "gpu_accumulator", "gpu_accumulator_a", "gpu_accumulator_merge",
@@ -36,13 +35,7 @@ def pids_shown(page, group: str, count: int) -> list[int]:
 def kill_and_call(service, detail: dict, url: str) -> None:
     kill_actor(service, detail["namespace"], detail["ranks"][1]["actor_name"])
     with httpx.Client(base_url=str(url), timeout=60) as client:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if client.post(f"/v1/groups/{VICTIM}/get_value", json={}).status_code == 503:
-                return
-            if client.get(f"/v1/groups/{VICTIM}").json()["rebuilds"] > detail["rebuilds"]:
-                return  # noticed and rebuilt between two calls
-            time.sleep(0.1)
+        wait_until_noticed(client, VICTIM, "get_value", detail["rebuilds"])
 
 
 def test_status_page_shows_groups_a_job_and_a_rebuild(service, http, browser, tmp_path):
