@@ -2,6 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+UV_VERSION := 0.13.9
 
 .PHONY: venv system-deps test test-unit test-ray test-e2e lint serve serve-fresh bench rayservice clean \
 	image image-test cluster-test
@@ -13,9 +14,13 @@ SYSTEM_PACKAGES := chromium chromium-driver redis-server
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	# torch first, pinned, so nothing resolves a newer CUDA build
+	# torch first, pinned, from the CPU wheel on disk, so nothing resolves a newer CUDA build
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[server,dev]'
+	# the rest with uv (parallel downloads and unpacking: about 10 s where pip takes 90);
+	# torch stays the one installed above. pip does it where uv cannot be had.
+	$(PY) -m pip install --quiet uv==$(UV_VERSION) \
+		&& $(VENV)/bin/uv pip install --quiet --python $(PY) -c constraints.txt -e '.[server,dev]' \
+		|| $(PY) -m pip install --quiet -c constraints.txt -e '.[server,dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -34,29 +39,36 @@ system-deps:
 		echo "missing Debian packages: $$missing (as root: apt-get install -y $$missing)"; \
 	fi
 
-# One pytest run per layer. The unit layer (no Ray, no timing) runs beside the Ray layer,
-# whose cluster start and worker spawns leave a core idle part of the time; the end-to-end
-# layer starts once both are done, so its services have the machine to themselves. Every
-# layer runs even if another failed; the unit layer's report follows the Ray layer's.
+# One pytest run per layer: unit (no Ray), ray (one cluster), e2e (serve run). The unit
+# layer runs beside the Ray layer, whose worker spawns leave a core idle part of the time.
+# The e2e layer runs as two pytest processes at once: the restart tests (services of their
+# own, stopped and started again, and a fresh venv's pip install) beside the rest, since each
+# leaves a core idle a third of the time (waiting on HTTP, on sleeps, on starts). Every
+# layer runs even if another failed; the reports of the side runs follow the main ones.
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 UNIT_LOG := $(VENV)/unit-tests.log
+E2E_SIDE := tests/e2e/test_state_restart.py tests/e2e/test_client_install.py
+E2E_SIDE_LOG := $(VENV)/e2e-restart-tests.log
 test: system-deps $(STAMP)
 	$(VENV)/bin/ruff check .
 	status=0; \
-	$(PY) -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS) > $(UNIT_LOG) 2>&1 & unit=$$!; \
-	$(PY) -m pytest -q -p no:cacheprovider tests/ray $(PYTEST_ARGS) || status=1; \
+	$(PYTEST) tests/unit $(PYTEST_ARGS) > $(UNIT_LOG) 2>&1 & unit=$$!; \
+	$(PYTEST) tests/ray $(PYTEST_ARGS) || status=1; \
 	wait $$unit || status=1; echo "--- tests/unit:"; cat $(UNIT_LOG); \
-	$(PY) -m pytest -q -p no:cacheprovider tests/e2e $(PYTEST_ARGS) || status=1; \
+	$(PYTEST) $(E2E_SIDE) $(PYTEST_ARGS) > $(E2E_SIDE_LOG) 2>&1 & side=$$!; \
+	$(PYTEST) tests/e2e $(addprefix --ignore=,$(E2E_SIDE)) $(PYTEST_ARGS) || status=1; \
+	wait $$side || status=1; echo "--- $(E2E_SIDE):"; cat $(E2E_SIDE_LOG); \
 	exit $$status
 
 # The three layers of the suite: no Ray (seconds), one Ray cluster, `serve run` end to end.
 test-unit: system-deps $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+	$(PYTEST) tests/unit $(PYTEST_ARGS)
 
 test-ray: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests/ray $(PYTEST_ARGS)
+	$(PYTEST) tests/ray $(PYTEST_ARGS)
 
 test-e2e: system-deps $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests/e2e $(PYTEST_ARGS)
+	$(PYTEST) tests/e2e $(PYTEST_ARGS)
 
 serve: $(STAMP)
 	$(VENV)/bin/serve run serve_config.yaml
