@@ -16,10 +16,12 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	# torch first, pinned, from the CPU wheel on disk, so nothing resolves a newer CUDA build
 	$(PY) -m pip install --quiet torch==2.13.0
-	# the rest with uv (parallel downloads and unpacking: about 10 s where pip takes 90);
-	# torch stays the one installed above. pip does it where uv cannot be had.
+	# the rest with uv (parallel downloads, unpacking and compiling, where pip does each in
+	# turn); torch stays the one installed above. Bytecode compiled at install, as pip does:
+	# without it every Ray worker process compiles ray's modules again. pip does it all where
+	# uv cannot be had.
 	$(PY) -m pip install --quiet uv==$(UV_VERSION) \
-		&& $(VENV)/bin/uv pip install --quiet --python $(PY) -c constraints.txt -e '.[server,dev]' \
+		&& $(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) -c constraints.txt -e '.[server,dev]' \
 		|| $(PY) -m pip install --quiet -c constraints.txt -e '.[server,dev]'
 	touch $(STAMP)
 
