@@ -66,6 +66,7 @@ class ServeProcess:
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         self.proc: subprocess.Popen | None = None
         self._log_start = 0
+        self._interrupted = False
 
     def _write_config(self) -> None:
         if self.port == 8000 and not self.changed:
@@ -98,6 +99,7 @@ class ServeProcess:
         self._write_config()
         self.log.flush()
         self._log_start = Path(self.log.name).stat().st_size
+        self._interrupted = False
         serve_bin = Path(sys.executable).parent / "serve"
         self.proc = subprocess.Popen(
             [str(serve_bin), "run", str(self.config)],
@@ -175,10 +177,17 @@ class ServeProcess:
         self.log.flush()
         return "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-lines:])
 
+    def begin_stop(self) -> ServeProcess:
+        """Ctrl-C without waiting: serve run shuts Serve down and stops the Ray it started
+        (``stop()`` waits for that)."""
+        if self.proc is not None and self.proc.poll() is None and not self._interrupted:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            self._interrupted = True
+        return self
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            # Ctrl-C: serve run shuts Serve down and stops the Ray it started.
-            os.killpg(self.proc.pid, signal.SIGINT)
+            self.begin_stop()  # once: a second Ctrl-C would cut the shutdown short
             try:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:

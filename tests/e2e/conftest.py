@@ -124,8 +124,9 @@ def pytest_collection_modifyitems(items):
                 LAST_USER[name] = item.nodeid
 
 
-#: Session services stopped as soon as their last test is done, so that an idle service
-#: takes no CPU from the starts of the next ones (their fixtures' own stop is then a no-op).
+#: Session services told to stop (Ctrl-C) as soon as their last test is done, so that an
+#: idle service takes no CPU from the starts of the next ones. The next test does not wait
+#: for the shutdown; the fixture's own stop() at the end of the session does.
 SERVICES = ("service", "second_service")
 LAST_USER: dict[str, str] = {}
 
@@ -133,7 +134,7 @@ LAST_USER: dict[str, str] = {}
 def pytest_runtest_teardown(item, nextitem):
     for name in SERVICES:
         if nextitem is not None and LAST_USER.get(name) == item.nodeid and name in item.funcargs:
-            item.funcargs[name].stop()
+            item.funcargs[name].begin_stop()
 
 
 @pytest.fixture(scope="session")
