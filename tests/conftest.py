@@ -51,7 +51,12 @@ def service(tmp_path_factory):
     of its own (not the checkout's .hybridflow/state.db)."""
     from clients.local_server import ServeProcess
 
-    proc = ServeProcess(state_path=tmp_path_factory.mktemp("service-state") / "state.db").start()
+    # Ray exports recorded metrics every 10 s by default; every 2 s here, so the tests that
+    # wait for a metric to show wait less (the service is otherwise as shipped).
+    proc = ServeProcess(
+        state_path=tmp_path_factory.mktemp("service-state") / "state.db",
+        env={"RAY_metrics_report_interval_ms": "2000"},
+    ).start()
     try:
         yield proc
     finally:
