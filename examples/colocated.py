@@ -3,7 +3,8 @@
 Two roles (the ONE_TO_ALL accumulator and the TestActor) share one process per bundle
 of a pool of 4; the accumulator's ``add`` then runs through the group's compiled graph.
 
-    python examples/colocated.py
+    python examples/colocated.py                       # in a Ray cluster of its own
+    RAY_ADDRESS=head:6379 python examples/colocated.py  # on a running cluster
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ from single_controller.ray.base import (  # noqa: E402
 
 def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    use_gpu = ray.cluster_resources().get("GPU", 0) >= 4
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(log_to_driver=False)  # the running cluster RAY_ADDRESS names
+    else:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    use_gpu = ray.available_resources().get("GPU", 0) >= 4
     pool = RayResourcePool([4], use_gpu=use_gpu)
     fused = create_colocated_worker_cls(
         {"acc": RayClassWithInitArgs(GPUAccumulatorDecorator), "test": RayClassWithInitArgs(TestActor, x=2)}

@@ -155,15 +155,16 @@ def test_compiled_and_plain_callers_in_threads_see_one_order_on_every_rank(coloc
         assert [x for x in logs[0] if x.startswith(tag)] == [f"{tag}{i}" for i in range(15)]
 
 
-def test_colocated_example_runs_as_a_user_would():
-    """examples/colocated.py in its own process and Ray cluster: its printed numbers."""
+def test_colocated_example_runs_as_a_user_would(ray_cluster):
+    """examples/colocated.py in its own process, attached to the session's cluster as a
+    user's script is to a running cluster (RAY_ADDRESS): its printed numbers."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
     done = subprocess.run(
         [sys.executable, str(root / "examples" / "colocated.py")],
         capture_output=True, text=True, timeout=300, env=env, cwd=root,
