@@ -147,18 +147,6 @@ class Load:
         return {g: [v + self.acknowledged[g] * s for v, s in zip(start[g], STEP[g], strict=True)] for g in GROUPS}
 
 
-def wait_ready(url: str, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=10).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"not ready within {timeout_s:g} s")
-
-
 def test_killed_controller_replica_comes_back_with_every_acknowledged_add(restartable):
     with httpx.Client(base_url=restartable.url, timeout=60) as client:
         start = values(client)
@@ -168,7 +156,7 @@ def test_killed_controller_replica_comes_back_with_every_acknowledged_add(restar
                                     check=True, timeout=120, capture_output=True, text=True)
             assert killed.stdout.startswith("SERVE_REPLICA::")
             time.sleep(2)
-            wait_ready(restartable.url)
+            restartable.wait_ready(timeout_s=180)  # /readyz again, after Serve restarted the replica
             time.sleep(1)  # some load on the restored groups
         assert load.statuses[503] > 0, load.statuses  # while Serve restarted the replica
         assert set(load.statuses) <= {200, 503}, load.statuses
