@@ -1,4 +1,10 @@
-"""Device and collective-backend choice: cuda/nccl when a GPU is visible, else cpu/gloo."""
+"""Device and collective-backend choice: cuda/nccl where this process may use a GPU, else cpu/gloo.
+
+"May use" is what the scheduler gave it, not what the node has: a Ray actor placed in a
+CPU pool on a GPU node still sees the node's GPUs (Ray narrows CUDA_VISIBLE_DEVICES only
+for actors that asked for GPUs), and if each rank of such a group took cuda, every rank
+would land on device 0 and NCCL would refuse the group ("Duplicate GPU detected").
+"""
 
 from __future__ import annotations
 
@@ -7,12 +13,27 @@ import os
 import torch
 
 
+def _ray_actor_gpu_ids() -> list | None:
+    """The GPU ids Ray assigned to this actor, or None outside a Ray actor."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return None
+    return ray.get_gpu_ids()
+
+
 def is_cuda_available() -> bool:
-    return torch.cuda.is_available()
+    """A GPU is visible and, inside a Ray actor, Ray assigned this actor at least one."""
+    if not torch.cuda.is_available():
+        return False
+    assigned = _ray_actor_gpu_ids()
+    return assigned is None or len(assigned) > 0
 
 
 def get_device_name() -> str:
-    """Torch device name for tensors on this process: ``"cuda"`` when present, else ``"cpu"``."""
+    """Torch device name for tensors on this process: ``"cuda"`` when it may use a GPU, else ``"cpu"``."""
     return "cuda" if is_cuda_available() else "cpu"
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from single_controller.base import Worker
-from single_controller.device import get_dist_backend, get_torch_device
+from single_controller.device import get_dist_backend, get_torch_device, is_cuda_available
 from single_controller.megatron.parallel_info import MegatronGlobalInfo, MegatronRankInfo
 
 #: Keys ``init_megatron`` understands (the tutorial passes the first three).
@@ -74,7 +74,7 @@ class MegatronWorker(Worker):
         # their shards out of identical master weights.
         seed = int(kwargs.get("seed", 0))
         torch.manual_seed(seed)
-        if torch.cuda.is_available():
+        if is_cuda_available():
             # Megatron's per-tp-rank CUDA RNG streams (dropout and GPU-side init inside
             # tensor-parallel regions); it resets its tracker, so calling twice is safe.
             from megatron.core import tensor_parallel

@@ -103,6 +103,16 @@ class ModeWorker(Worker):
     def size_of(self, t):
         return int(t.numel())
 
+    def device_if_node_has_gpu(self):
+        """get_device_name() and get_dist_backend() as they would answer on a GPU node (this
+        CPU machine's torch made to report a visible GPU, for the call only)."""
+        from unittest import mock
+
+        from single_controller.device import get_device_name, get_dist_backend
+
+        with mock.patch.object(torch.cuda, "is_available", return_value=True):
+            return get_device_name(), get_dist_backend()
+
     def all_reduce_rank(self):
         import torch.distributed as dist
 
@@ -282,11 +292,28 @@ def test_rendezvous_serves_torch_distributed(ray_cluster):
         info = g.rank_info()
         assert [i["rank"] for i in info] == [0, 1]
         assert info[0]["node_id"] == ray.get_runtime_context().get_node_id()
-        assert info[0]["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+        assert info[0]["device"] == "cpu"  # a CPU pool, also on a GPU node
         g.check_health(timeout_s=10)
     finally:
         g.shutdown()
         pool.remove()
+
+
+def test_only_ranks_given_a_gpu_pick_cuda_and_nccl(ray_cluster):
+    """A CPU pool on a GPU node: its actors see the node's GPUs, but Ray gave them none, so
+    they stay on cpu/gloo (cuda would put every rank on device 0, which NCCL refuses)."""
+    cpu_pool = RayResourcePool([2], use_gpu=False, name_prefix="cpu_on_gpu_node")
+    gpu_pool = RayResourcePool([2], use_gpu=True, name_prefix="gpu_ranks")
+    on_cpu = RayWorkerGroup(cpu_pool, RayClassWithInitArgs(cls=ModeWorker))
+    on_gpu = RayWorkerGroup(gpu_pool, RayClassWithInitArgs(cls=ModeWorker))
+    try:
+        assert on_cpu.execute_all_sync("device_if_node_has_gpu") == [("cpu", "gloo")] * 2
+        assert on_gpu.execute_all_sync("device_if_node_has_gpu") == [("cuda", "nccl")] * 2
+    finally:
+        on_cpu.shutdown()
+        on_gpu.shutdown()
+        cpu_pool.remove()
+        gpu_pool.remove()
 
 
 def test_groups_on_one_pool_share_its_gpus(ray_cluster):
