@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 UV_VERSION := 0.13.9
 
-.PHONY: venv system-deps test test-unit test-ray test-e2e lint serve serve-fresh bench rayservice clean \
+.PHONY: venv system-deps test test-unit test-ray test-e2e lint serve serve-fresh bench bench-gpu rayservice clean \
 	image image-test cluster-test
 
 # Debian packages the tests use: Chromium and its driver (the browser tests) and Redis
@@ -78,6 +78,11 @@ serve-fresh: $(STAMP)
 # Benchmarks: bench/results/latest.json and latest.png (BENCH_ARGS=--quick for a short run).
 bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
+
+# On a GPU node: the layer's forward TFLOP/s against the card's peak, and the batched
+# infer path served on the GPU (bench/results/gpu.json).
+bench-gpu: $(STAMP)
+	$(PY) -m bench.gpu layer infer $(BENCH_ARGS)
 
 # Copy serve_config.yaml into deploy/rayservice.yaml's serveConfigV2 (after editing it).
 rayservice: $(STAMP)
