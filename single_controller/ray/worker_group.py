@@ -28,6 +28,7 @@ from single_controller.base.worker_group import (
 )
 from single_controller.batch import is_batch
 from single_controller.protocol_future import DataProtoFuture
+from single_controller.ray.rank_env import RANK_ENV_KWARG, with_rank_env
 from single_controller.ray.resource_pool import RayResourcePool
 from single_controller.rendezvous import pick_rendezvous
 
@@ -69,9 +70,6 @@ class RayClassWithInitArgs(ClassWithInitArgs):
             ),
         }
         options.update(self._options)
-        runtime_env = dict(options.get("runtime_env") or {})
-        runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **(env_vars or {})}
-        options["runtime_env"] = runtime_env
         options["num_gpus"] = num_gpus if use_gpu else 0
         if num_cpus is not None:
             options["num_cpus"] = num_cpus
@@ -81,8 +79,9 @@ class RayClassWithInitArgs(ClassWithInitArgs):
             options["name"] = name
         if detached:
             options["lifetime"] = "detached"
-        actor_cls = self.cls if hasattr(self.cls, "options") else ray.remote(self.cls)
-        return actor_cls.options(**options).remote(*self.args, **self.kwargs)
+        # The rank's variables go through the constructor, not a runtime_env (rank_env.py).
+        actor_cls = with_rank_env(self.cls)
+        return actor_cls.options(**options).remote(*self.args, **self.kwargs, **{RANK_ENV_KWARG: dict(env_vars or {})})
 
 
 #: Picks the rendezvous on rank 0's node when that is another node. The function is

@@ -3,6 +3,7 @@ errors, futures, ordering under concurrent callers, and failing fast on pools.""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -314,6 +315,51 @@ def test_only_ranks_given_a_gpu_pick_cuda_and_nccl(ray_cluster):
         on_gpu.shutdown()
         cpu_pool.remove()
         gpu_pool.remove()
+
+
+RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "WG_BACKEND")
+
+
+@ray.remote(max_concurrency=3)
+class EnvReader(Worker):
+    def __init__(self, tag):
+        super().__init__()
+        self.in_init = (tag, self.rank, {k: os.environ.get(k) for k in RANK_VARIABLES})
+
+    def seen(self):
+        return self.in_init, ray.get_runtime_context().get_runtime_env_string()
+
+
+class PlainEnvReader:
+    """Not a Worker: it reads the rank's variables from the environment alone."""
+
+    def __init__(self):
+        self.rank = int(os.environ["RANK"])
+
+    def seen(self):
+        return self.rank
+
+
+def test_each_rank_sees_its_variables_in_init_without_a_runtime_env(ray_cluster):
+    """The rank's variables reach os.environ before the class's __init__ runs, through the
+    constructor rather than a runtime_env (whose setup_worker start costs each rank)."""
+    pool = RayResourcePool([2], use_gpu=False, name_prefix="rank_env")
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(EnvReader, tag="t"))
+    plain = RayWorkerGroup(pool, RayClassWithInitArgs(PlainEnvReader))
+    try:
+        seen = group.execute_all_sync("seen")
+        master = (seen[0][0][2]["MASTER_ADDR"], seen[0][0][2]["MASTER_PORT"])
+        for rank, ((tag, rank_in_init, env), runtime_env) in enumerate(seen):
+            assert tag == "t" and rank_in_init == rank
+            assert env == {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
+                           "MASTER_ADDR": master[0], "MASTER_PORT": master[1], "WG_BACKEND": "ray"}
+            assert runtime_env == "{}"
+        assert [i["rank"] for i in group.rank_info()] == [0, 1]
+        assert plain.execute_all_sync("seen") == [0, 1]
+    finally:
+        group.shutdown()
+        plain.shutdown()
+        pool.remove()
 
 
 def test_groups_on_one_pool_share_its_gpus(ray_cluster):

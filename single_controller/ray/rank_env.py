@@ -1,0 +1,59 @@
+"""How a rank's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...) reaches its actor.
+
+A ``runtime_env`` with ``env_vars`` would set the variables before Python starts, but Ray
+starts a worker process with a runtime_env through its ``setup_worker`` (a Python start
+more: about 0.3 CPU-s per rank, measured) and never hands it one of the idle workers it
+prestarts. So a group starts each rank from a subclass of the worker class whose
+``__init__`` first puts the rank's variables into ``os.environ`` (and has a ``Worker`` read
+its place from them again) and then runs the class's own ``__init__``: the worker's code
+sees the same environment it would have had from a runtime_env, and so do the processes
+it starts.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import ray
+
+from single_controller.base.worker_methods import user_class
+
+#: The constructor keyword that carries a rank's environment (removed before the class sees it).
+RANK_ENV_KWARG = "_single_controller_rank_env"
+
+_lock = threading.Lock()
+_classes: dict[int, tuple[Any, Any]] = {}  # id(cls) -> (cls, its actor class with rank env)
+
+
+def _subclass(base: type) -> type:
+    # Ray makes the instance with a bare __new__ and runs __init__ as the actor's first
+    # task, so __init__ is where the variables arrive; a Worker then reads its place again.
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        os.environ.update(kwargs.pop(RANK_ENV_KWARG, None) or {})
+        configure = getattr(self, "_configure_from_env", None)
+        if configure is not None:
+            configure()
+        super(subclass, self).__init__(*args, **kwargs)
+
+    namespace = {"__init__": __init__, "__doc__": base.__doc__, "__module__": base.__module__,
+                 "__qualname__": base.__qualname__}
+    subclass = type(base.__name__, (base,), namespace)
+    return subclass
+
+
+def with_rank_env(cls: Any) -> Any:
+    """``cls`` (a ``@ray.remote`` actor class or a plain class) as an actor class whose
+    constructor also takes ``RANK_ENV_KWARG``: a dict put into ``os.environ`` first. The
+    ``@ray.remote`` options of ``cls`` carry over; one actor class per ``cls``, so Ray
+    exports it once for all ranks."""
+    with _lock:
+        cached = _classes.get(id(cls))
+        if cached is not None and cached[0] is cls:
+            return cached[1]
+        options = dict(getattr(cls, "_default_options", None) or {}) if hasattr(cls, "remote") else {}
+        subclass = _subclass(user_class(cls))
+        actor_cls = ray.remote(**options)(subclass) if options else ray.remote(subclass)
+        _classes[id(cls)] = (cls, actor_cls)
+        return actor_cls
