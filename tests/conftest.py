@@ -9,6 +9,11 @@ import pytest
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# torch looks up out-of-tree device backends (entry points of every installed package) at
+# import: 0.15 CPU-s of the 1.3 each of the suite's few hundred processes spends importing
+# torch, for backends (NPU, HPU, ...) the tests never use. Inherited by the Ray workers and
+# the serve runs the tests start.
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
 #: Logical GPUs the test cluster declares, so GPU scheduling and sharing run on CPU.
 TEST_CLUSTER_GPUS = 8
