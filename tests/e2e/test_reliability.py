@@ -316,19 +316,21 @@ def test_group_details_do_not_reveal_the_cluster_address(http):
 
 
 # Last in this module: the next modules' service starts during its 40 s (tests/e2e/conftest.py).
-def test_a_40_s_call_and_a_queue_behind_it_never_trip_the_health_check(service, http, second_service):
+def test_a_40_s_call_and_a_queue_behind_it_never_trip_the_health_check(service, http, second_service, client_install):
     """A busy worker is not a lost one: the pings Serve's health check sends wait behind the
     running call without the group being rebuilt, and calls waiting on the controller hold
     no thread the health check needs (the replica is not restarted either)."""
     group = http.get("/v1/groups/test_actor").json()
     replica = replicas(service, "test_actor")
-    # The cores are idle while the workers sleep: the next modules' service starts meanwhile.
+    # The cores are idle while the workers sleep: the next modules' service starts meanwhile,
+    # and the client's fresh-venv install (test_client_install) runs.
     second_service.ensure_launched()
+    client_install.begin()
     started = time.monotonic()
     responses = post_many(
         service,
         [("/v1/groups/test_actor/sleep", {"kwargs": {"seconds": 40}})]
-        + [("/v1/groups/test_actor/sleep", {"kwargs": {"seconds": 0.1}})] * 80,
+        + [("/v1/groups/test_actor/sleep", {"kwargs": {"seconds": 0.01}})] * 80,  # queued behind it
     )
     assert time.monotonic() - started >= 40
     assert [r.status_code for r in responses] == [200] * 81, [r.text for r in responses if r.status_code != 200][:3]

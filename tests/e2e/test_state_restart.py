@@ -182,7 +182,7 @@ def test_serve_run_stopped_with_sigint_and_started_again_restores_every_group(re
 # stored metadata is compared on every backend in tests/unit/test_state_store.py).
 @pytest.mark.parametrize("restartable", ["sqlite"], indirect=True)
 def test_a_group_whose_world_size_changed_is_refused_at_start_naming_it_and_the_fix(restartable):
-    restartable.stop()
+    restartable.begin_stop()  # Ctrl-C; the changed start reads the stored state while it shuts down
     changed = ServeProcess(overrides={"deployments": [_accumulators(gpu_ranks=1)]}, fresh=False,
                            state_path=restartable.state_location)
     with pytest.raises(RuntimeError) as refused:
