@@ -3,6 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 UV_VERSION := 0.13.9
+UV := $(VENV)/bin/uv
 
 .PHONY: venv system-deps test test-unit test-ray test-e2e lint serve serve-fresh bench bench-gpu rayservice clean \
 	image image-test cluster-test
@@ -14,14 +15,17 @@ SYSTEM_PACKAGES := chromium chromium-driver redis-server
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	# torch first, pinned, from the CPU wheel on disk, so nothing resolves a newer CUDA build
-	$(PY) -m pip install --quiet torch==2.13.0
-	# the rest with uv (parallel downloads, unpacking and compiling, where pip does each in
-	# turn); torch stays the one installed above. Bytecode compiled at install, as pip does:
-	# without it every Ray worker process compiles ray's modules again. pip does it all where
-	# uv cannot be had.
-	$(PY) -m pip install --quiet uv==$(UV_VERSION) \
-		&& $(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) -c constraints.txt -e '.[server,dev]' \
+	# uv installs (parallel downloads, unpacking and compiling, where pip does each in turn),
+	# bytecode compiled as pip does: without it every Ray worker compiles ray's modules again.
+	# torch first, pinned, from the CPU wheel in pip's find-links and nowhere else (uv reads
+	# no pip config), so nothing resolves a newer CUDA build; its dependencies come with the
+	# project. pip does whatever uv cannot.
+	$(PY) -m pip install --quiet uv==$(UV_VERSION) || true
+	links=$$($(PY) -m pip config list 2>/dev/null | sed -n "s/^.*find-links='\([^ ']*\).*$$/\1/p" | head -n 1); \
+	{ [ -x $(UV) ] && [ -n "$$links" ] \
+		&& $(UV) pip install --quiet --compile-bytecode --python $(PY) --no-index --no-deps --find-links "$$links" torch==2.13.0; } \
+		|| $(PY) -m pip install --quiet torch==2.13.0
+	{ [ -x $(UV) ] && $(UV) pip install --quiet --compile-bytecode --python $(PY) -c constraints.txt -e '.[server,dev]'; } \
 		|| $(PY) -m pip install --quiet -c constraints.txt -e '.[server,dev]'
 	touch $(STAMP)
 
