@@ -24,7 +24,7 @@ from single_controller.base.worker_methods import user_class
 RANK_ENV_KWARG = "_single_controller_rank_env"
 
 _lock = threading.Lock()
-_classes: dict[int, tuple[Any, Any]] = {}  # id(cls) -> (cls, its actor class with rank env)
+_classes: dict[Any, Any] = {}  # worker class -> its actor class with rank env
 
 
 def _subclass(base: type) -> type:
@@ -49,11 +49,10 @@ def with_rank_env(cls: Any) -> Any:
     ``@ray.remote`` options of ``cls`` carry over; one actor class per ``cls``, so Ray
     exports it once for all ranks."""
     with _lock:
-        cached = _classes.get(id(cls))
-        if cached is not None and cached[0] is cls:
-            return cached[1]
+        if cls in _classes:
+            return _classes[cls]
         options = dict(getattr(cls, "_default_options", None) or {}) if hasattr(cls, "remote") else {}
         subclass = _subclass(user_class(cls))
         actor_cls = ray.remote(**options)(subclass) if options else ray.remote(subclass)
-        _classes[id(cls)] = (cls, actor_cls)
+        _classes[cls] = actor_cls
         return actor_cls
