@@ -128,11 +128,11 @@ class ClientInstall:
 
     def _install(self) -> None:
         source = self.directory / "source"  # a copy, so the build leaves nothing in the checkout
-        source.mkdir()
-        shutil.copy(ROOT / "pyproject.toml", source)
-        for package in self.PACKAGES:
-            shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__", "results"))
         try:
+            source.mkdir()
+            shutil.copy(ROOT / "pyproject.toml", source)
+            for package in self.PACKAGES:
+                shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__", "results"))
             subprocess.run([sys.executable, "-m", "venv", str(self.python.parent.parent)], check=True, timeout=120)
             self.outcome = subprocess.run(
                 [str(self.python), "-m", "pip", "install", "--quiet", "--no-compile", f"{source}[client]"],
