@@ -96,21 +96,14 @@ def matmul_peak(device: torch.device, precision: Precision, n: int, min_seconds:
     return 2 * n**3 / seconds / 1e12
 
 
-def _init_single_rank() -> None:
-    from single_controller.megatron.worker import MegatronWorker
-    from single_controller.rendezvous import free_port
-
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    MegatronWorker().init_megatron({"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1})
-
-
 def bench_layer(token_shapes: list[tuple[int, int]], min_seconds: float, peak_n: int) -> dict[str, Any]:
     """Forward TFLOP/s of the served layer (and a tp=4 rank's shard) per precision and size."""
+    from bench.layer_init import init_megatron_rank
     from single_controller.device import get_torch_device
     from single_controller.models.llama import ParallelLlamaMLP
+    from single_controller.rendezvous import free_port
 
-    _init_single_rank()
+    init_megatron_rank(0, 1, free_port())
     device = get_torch_device()
     layers = {
         "tp1": ParallelLlamaMLP({"hidden_size": HIDDEN, "intermediate_size": FFN}).to(device),

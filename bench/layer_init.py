@@ -73,18 +73,25 @@ def _build_master(hidden: int, ffn: int) -> torch.nn.Module:
     return layer
 
 
-def _rank(rank: int, tp: int, port: int, variant: str, hidden: int, ffn: int, checkpoint: str, out: str) -> None:
+def init_megatron_rank(rank: int, tp: int, port: int) -> None:
+    """This process as rank ``rank`` of a tp=``tp`` group on this machine (rendezvous at
+    ``port``), set up by ``MegatronWorker.init_megatron`` as a group's worker is."""
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(tp), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(tp),
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
     )
+    from single_controller.megatron.worker import MegatronWorker
+
+    MegatronWorker().init_megatron({"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": 1})
+
+
+def _rank(rank: int, tp: int, port: int, variant: str, hidden: int, ffn: int, checkpoint: str, out: str) -> None:
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    from single_controller.megatron.worker import MegatronWorker
     from single_controller.models.llama import ParallelLlamaMLP
 
-    MegatronWorker().init_megatron({"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": 1})
+    init_megatron_rank(rank, tp, port)
     dist.barrier()
     rss_before = status_bytes("VmRSS")
     wall, cpu = time.perf_counter(), time.process_time()
