@@ -33,13 +33,14 @@ def authorized(request: Request) -> bool:
     return token_matches(bearer, token) or token_matches(request.cookies.get(COOKIE), token)
 
 
-def require_token(request: Request) -> None:
-    """FastAPI dependency: 401 unless the request carries the configured token."""
+async def require_token(request: Request) -> None:
+    """FastAPI dependency: 401 unless the request carries the configured token. Async
+    (it does no I/O), so that FastAPI runs it on the loop instead of its thread pool."""
     if not authorized(request):
         raise ApiError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
 
 
-def require_page_token(request: Request) -> None:
+async def require_page_token(request: Request) -> None:
     """FastAPI dependency of the HTML pages: a browser without the token is sent to the
     login form, which brings it back here."""
     if not authorized(request):
