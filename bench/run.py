@@ -28,6 +28,9 @@ from clients.local_server import ROOT, ServeProcess
 
 RESULTS = ROOT / "bench" / "results"
 
+#: The batching figure's request: 16 clients, each sending [8, 2, 4096] FP32.
+BATCH_CLIENTS, BATCH_SHAPE = 16, (8, 2, 4096)
+
 
 def p50(samples: list[float]) -> float:
     return statistics.median(samples)
@@ -148,12 +151,29 @@ def bench_library(quick: bool) -> dict[str, Any]:
         out["mlp_ratio"] = out["mlp_tp4_s"] / out["mlp_single_process_s"]
         out["mlp_rel_err"] = float((y - single()).norm() / single().norm())
         out["megatron_compute_puts_per_call"] = (layer.object_store_puts - puts_before) / (reps + 1)
+        out.update(bench_batching_bound(layer))
         out["megatron_compute_dp_size"] = layer.dp_size
         layer.shutdown()
         pool.remove()
     finally:
         ray.shutdown()
     return out
+
+
+def bench_batching_bound(layer: Any) -> dict[str, float]:
+    """The most any batcher could gain on this machine, HTTP left out: a ``BATCH_SHAPE``
+    request's forward alone, against its share of one forward of ``BATCH_CLIENTS`` of them
+    concatenated (a full batch). Where the forward is bound by arithmetic rather than by
+    reading the weights, this is far below ``BATCH_CLIENTS``."""
+    lone = torch.rand(*BATCH_SHAPE)
+    full = torch.cat([lone] * BATCH_CLIENTS, dim=1)
+    lone_s = p50(timed(lambda: layer.run_layer([lone]), 5, warmup=1))
+    full_s = p50(timed(lambda: layer.run_layer([full]), 3, warmup=1))
+    return {
+        "layer_forward_lone_ms": lone_s * 1e3,
+        "layer_forward_full_batch_ms": full_s * 1e3,
+        "batching_forward_bound": lone_s * BATCH_CLIENTS / full_s,
+    }
 
 
 def bench_loop_vs_thread(group: Any, n: int) -> dict[str, float]:
@@ -298,9 +318,6 @@ def bench_durable_call(quick: bool) -> dict[str, Any]:
 
 # -- HTTP --------------------------------------------------------------------------
 
-
-#: The batching figure's request: 16 clients, each sending [8, 2, 4096] FP32.
-BATCH_CLIENTS, BATCH_SHAPE = 16, (8, 2, 4096)
 
 
 def bench_config() -> Path:
@@ -566,7 +583,8 @@ RAW = {
     "mlp_ratio": "{mlp_tp4_s:.2f} vs {mlp_single_process_s:.2f} s",
     "rps_ratio": "{rps_add_32:.0f} vs {rps_noop_32:.0f} requests/s",
     "cold_start_ratio": "{cold_start_service_s:.0f} vs {cold_start_noop_s:.1f} s",
-    "batching_rps_ratio": "{batching_rps:.1f} vs {batching_rps_unbatched:.1f} requests/s",
+    "batching_rps_ratio": "{batching_rps:.1f} vs {batching_rps_unbatched:.1f} requests/s; "
+                          "forward alone bounds it at {batching_forward_bound:.1f}x",
     "batching_latency_ratio": "{batching_single_p50_ms:.0f} vs {batching_single_p50_unbatched_ms:.0f} + "
                               "{batching_max_wait_ms:g} ms",
 }
