@@ -1,14 +1,19 @@
 """The controller on the session's Ray cluster, in this process (no Serve): calls that reach
 some ranks only, replay of calls whose dispatch changes its arguments, health checks while
-a call runs, and library keywords out of a caller's reach."""
+a call runs, library keywords out of a caller's reach, and an MLP layer loaded from a
+checkpoint that a rebuild reads again."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
 import pytest
+import ray
+import torch
+from safetensors.torch import save_file
 
 from deployments.builder import PoolSet, units
 from deployments.config import load_config
@@ -19,8 +24,11 @@ from deployments.placement import GpuBudget, plan_deployment
 from deployments.state_codec import decode_call
 
 WORKERS = "single_controller.models.tutorial_workers"
-ARGS = {
-    "deployments": [{
+HIDDEN, FFN, LAYERS = 64, 128, 2
+
+
+def deployment_args(checkpoint: str) -> dict:
+    return {"deployments": [{
         "name": "checks",
         "groups": [
             {"name": "acc", "worker": f"{WORKERS}:GPUAccumulator", "pool": {"process_on_nodes": [4], "name_prefix": "acc"},
@@ -28,9 +36,30 @@ ARGS = {
             # foo_custom is mutating here: its journal entries must survive the dispatch
             {"name": "actor", "worker": "deployments.transport_check:TransportCheckActor", "init_kwargs": {"x": 2},
              "pool": {"process_on_nodes": [4], "name_prefix": "actor"}, "read_only": ["foo", "history"]},
+            # a tp=2 layer whose config names layer 0 of a checkpoint
+            {"name": "mlp", "worker": "single_controller.models.mlp_worker:MLPLayerWorker",
+             "init_kwargs": {"checkpoint_dirs": [os.path.dirname(checkpoint)]},
+             "pool": {"process_on_nodes": [2], "name_prefix": "mlp"},
+             "megatron": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1},
+             "init_calls": [{"method": "init_model", "kwargs": {"config": {"checkpoint": checkpoint, "layer_index": 0}}}],
+             "read_only": ["get_weights", "run_layer"]},
         ],
-    }]
-}
+    }]}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> tuple[str, dict[str, torch.Tensor]]:
+    """A Hugging Face Llama layout of two MLP layers: (its path, its tensors)."""
+    g = torch.Generator().manual_seed(7)
+    tensors = {}
+    for layer in range(LAYERS):
+        prefix = f"model.layers.{layer}.mlp."
+        tensors[prefix + "gate_proj.weight"] = torch.randn(FFN, HIDDEN, generator=g) / 8
+        tensors[prefix + "up_proj.weight"] = torch.randn(FFN, HIDDEN, generator=g) / 8
+        tensors[prefix + "down_proj.weight"] = torch.randn(HIDDEN, FFN, generator=g) / 8
+    path = tmp_path_factory.mktemp("llama") / "model.safetensors"
+    save_file(tensors, str(path))
+    return str(path), tensors
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +73,8 @@ def loop():
 
 
 @pytest.fixture(scope="module")
-def controller(ray_cluster, loop):
-    config = load_config(ARGS)
+def controller(ray_cluster, loop, checkpoint):
+    config = load_config(deployment_args(checkpoint[0]))
     deployment = config.deployments[0]
     plan = plan_deployment(deployment, config, GpuBudget(0))
     pools = PoolSet(plan)
@@ -173,3 +202,42 @@ def test_a_dataproto_through_the_controller(loop, controller):
     assert torch.equal(out.batch["y"], data.batch["x"] * 2)
     assert out.non_tensor_batch["rank"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
     assert out.meta_info == {"t": 0.7, "world_size": 4}
+
+
+def layer_reference(x: torch.Tensor, tensors: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
+    w = {n: tensors[f"model.layers.{layer}.mlp.{n}.weight"].double() for n in ("gate_proj", "up_proj", "down_proj")}
+    h = x.double()
+    return (torch.nn.functional.silu(h @ w["gate_proj"].T) * (h @ w["up_proj"].T)) @ w["down_proj"].T
+
+
+def rel_err(y: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((y.double() - expected).norm() / expected.norm()).item()
+
+
+def test_a_rebuilt_layer_reads_the_same_checkpoint_slices(loop, controller, checkpoint):
+    """The config's init_calls load layer 0, a call loads layer 1; after a worker's death the
+    rebuilt ranks replay both and answer bit for bit as before."""
+    path, tensors = checkpoint
+    x = torch.rand(4, 2, HIDDEN, generator=torch.Generator().manual_seed(3))
+    first = call(loop, controller, "mlp", "run_layer", [x])
+    assert first.ok, first.error
+    assert rel_err(first.output[0], layer_reference(x, tensors, 0)) <= 1e-5
+    assert call(loop, controller, "mlp", "init_model", {"checkpoint": path, "layer_index": 1}).ok
+    before = call(loop, controller, "mlp", "run_layer", [x]).output[0]
+    assert rel_err(before, layer_reference(x, tensors, 1)) <= 1e-5
+    weights_before = call(loop, controller, "mlp", "get_weights").output
+
+    state = controller.groups["mlp"]
+    rebuilds = state.unit.rebuilds
+    ray.kill(state.group._workers[1], no_restart=True)
+    answer = call(loop, controller, "mlp", "run_layer", [x])  # the dead rank fails it: the rebuild starts
+    assert not answer.ok and answer.error.kind is ErrorKind.UNAVAILABLE, answer.error
+    wait_ready(controller, "mlp", timeout_s=120)
+    assert state.unit.rebuilds == rebuilds + 1 and state.unit.replayed >= 1
+
+    after = call(loop, controller, "mlp", "run_layer", [x])
+    assert after.ok, after.error
+    assert torch.equal(after.output[0], before)  # layer 1 again, bit for bit
+    weights_after = call(loop, controller, "mlp", "get_weights").output
+    for old, new in zip(weights_before, weights_after, strict=True):
+        assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in old)
