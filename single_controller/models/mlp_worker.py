@@ -36,7 +36,10 @@ class MLPLayerWorker(MegatronWorker):
         real = os.path.realpath(str(path))
         if not any(os.path.commonpath([real, allowed]) == allowed for allowed in self._checkpoint_dirs):
             allowed = ", ".join(self._checkpoint_dirs) or "none"
-            raise ValueError(f"checkpoint {path!r} is outside the directories this layer may read ({allowed})")
+            raise ValueError(
+                f"checkpoint {path!r} is outside the directories this layer may read ({allowed}); "
+                f"add its directory to the worker's checkpoint_dirs"
+            )
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, config: Any) -> None:
