@@ -11,9 +11,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 if TYPE_CHECKING:
+    import torch
     from tensordict import TensorDict, TensorDictBase
 
     from single_controller.protocol import DataProto
@@ -84,6 +83,8 @@ def pad_batch(batch: Batch, multiple: int) -> tuple[Batch, int]:
     pad = (-n) % multiple
     if pad == 0:
         return batch, 0
+    import torch  # a batch to pad means torch is loaded already
+
     index = torch.arange(pad) % n
     return concat_batches([batch, batch[index]]), pad
 
@@ -123,4 +124,6 @@ def concat_batches(batches: Sequence[Batch]) -> Batch:
         raise ValueError("nothing to concatenate")
     if is_dataproto(batches[0]):
         return type(batches[0]).concat(list(batches))
+    import torch  # batches to concatenate mean torch is loaded already
+
     return torch.cat(list(batches), dim=0)

@@ -39,6 +39,9 @@ def test_importing_the_package_stays_cheap_and_serves_dataproto_lazily():
     code = (
         "import sys, single_controller; "
         "assert 'tensordict' not in sys.modules and 'ray' not in sys.modules and 'torch' not in sys.modules; "
+        "from single_controller.base import Worker; from single_controller.base.decorator import Dispatch, register; "
+        # a worker class needs no torch: the process of one that does not use it never loads it
+        "assert 'torch' not in sys.modules and 'ray' not in sys.modules, 'the worker base loaded torch or ray'; "
         "from single_controller import DataProto, DataProtoFuture, DataProtoConfig, Worker; "
         "from single_controller.protocol import DataProto as P; assert DataProto is P; "
         "from single_controller.base import Worker as W; assert Worker is W; print('ok')"
