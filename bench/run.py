@@ -319,7 +319,6 @@ def bench_durable_call(quick: bool) -> dict[str, Any]:
 # -- HTTP --------------------------------------------------------------------------
 
 
-
 def bench_config() -> Path:
     """serve_config.yaml plus the no-op floor app at /noop, and the `mlp` model again as
     `mlp_unbatched` (the same group and method, no batching: the batching figure's floor)."""
