@@ -1,6 +1,9 @@
-"""An unsharded reference for the tp MLP layer served over HTTP, from its JSON shards."""
+"""Unsharded references for the tp MLP layer: from its JSON shards (as served over HTTP), and
+from a Hugging Face Llama checkpoint the tests write."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -32,3 +35,30 @@ def assert_close(y, ref):
     """Relative error at most 1e-5 (fp32 against a float64 reference)."""
     err = (y.double() - ref).norm() / ref.norm()
     assert err <= 1e-5, err
+
+
+def write_llama_mlp_checkpoint(
+    directory: Path, hidden: int, ffn: int, layers: int, seed: int
+) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A Hugging Face Llama layout of ``layers`` MLP layers (its MLP tensors only) in
+    ``directory``/model.safetensors, seeded: (its path, its tensors)."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(layers):
+        prefix = f"model.layers.{layer}.mlp."
+        tensors[prefix + "gate_proj.weight"] = torch.randn(ffn, hidden, generator=g) / 8
+        tensors[prefix + "up_proj.weight"] = torch.randn(ffn, hidden, generator=g) / 8
+        tensors[prefix + "down_proj.weight"] = torch.randn(hidden, ffn, generator=g) / 8
+    path = directory / "model.safetensors"
+    save_file(tensors, str(path))
+    return path, tensors
+
+
+def checkpoint_mlp(tensors: dict[str, torch.Tensor], layer: int, x: torch.Tensor) -> torch.Tensor:
+    """Layer ``layer``'s forward from the checkpoint's full matrices, in float64."""
+    gate, up, down = (tensors[f"model.layers.{layer}.mlp.{name}.weight"].double()
+                      for name in ("gate_proj", "up_proj", "down_proj"))
+    h = x.double()
+    return (torch.nn.functional.silu(h @ gate.T) * (h @ up.T)) @ down.T

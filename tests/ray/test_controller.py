@@ -13,7 +13,6 @@ import time
 import pytest
 import ray
 import torch
-from safetensors.torch import save_file
 
 from deployments.builder import PoolSet, units
 from deployments.config import load_config
@@ -22,9 +21,10 @@ from deployments.controller import GroupController
 from deployments.durability import PendingRecord
 from deployments.placement import GpuBudget, plan_deployment
 from deployments.state_codec import decode_call
+from tests.mlp_reference import assert_close, checkpoint_mlp, write_llama_mlp_checkpoint
 
 WORKERS = "single_controller.models.tutorial_workers"
-HIDDEN, FFN, LAYERS = 64, 128, 2
+HIDDEN, FFN = 64, 128
 
 
 def deployment_args(checkpoint: str) -> dict:
@@ -49,16 +49,7 @@ def deployment_args(checkpoint: str) -> dict:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> tuple[str, dict[str, torch.Tensor]]:
-    """A Hugging Face Llama layout of two MLP layers: (its path, its tensors)."""
-    g = torch.Generator().manual_seed(7)
-    tensors = {}
-    for layer in range(LAYERS):
-        prefix = f"model.layers.{layer}.mlp."
-        tensors[prefix + "gate_proj.weight"] = torch.randn(FFN, HIDDEN, generator=g) / 8
-        tensors[prefix + "up_proj.weight"] = torch.randn(FFN, HIDDEN, generator=g) / 8
-        tensors[prefix + "down_proj.weight"] = torch.randn(HIDDEN, FFN, generator=g) / 8
-    path = tmp_path_factory.mktemp("llama") / "model.safetensors"
-    save_file(tensors, str(path))
+    path, tensors = write_llama_mlp_checkpoint(tmp_path_factory.mktemp("llama"), HIDDEN, FFN, layers=2, seed=7)
     return str(path), tensors
 
 
@@ -204,16 +195,6 @@ def test_a_dataproto_through_the_controller(loop, controller):
     assert out.meta_info == {"t": 0.7, "world_size": 4}
 
 
-def layer_reference(x: torch.Tensor, tensors: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
-    w = {n: tensors[f"model.layers.{layer}.mlp.{n}.weight"].double() for n in ("gate_proj", "up_proj", "down_proj")}
-    h = x.double()
-    return (torch.nn.functional.silu(h @ w["gate_proj"].T) * (h @ w["up_proj"].T)) @ w["down_proj"].T
-
-
-def rel_err(y: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((y.double() - expected).norm() / expected.norm()).item()
-
-
 def test_a_rebuilt_layer_reads_the_same_checkpoint_slices(loop, controller, checkpoint):
     """The config's init_calls load layer 0, a call loads layer 1; after a worker's death the
     rebuilt ranks replay both and answer bit for bit as before."""
@@ -221,10 +202,10 @@ def test_a_rebuilt_layer_reads_the_same_checkpoint_slices(loop, controller, chec
     x = torch.rand(4, 2, HIDDEN, generator=torch.Generator().manual_seed(3))
     first = call(loop, controller, "mlp", "run_layer", [x])
     assert first.ok, first.error
-    assert rel_err(first.output[0], layer_reference(x, tensors, 0)) <= 1e-5
+    assert_close(first.output[0], checkpoint_mlp(tensors, 0, x))  # the config's layer 0
     assert call(loop, controller, "mlp", "init_model", {"checkpoint": path, "layer_index": 1}).ok
     before = call(loop, controller, "mlp", "run_layer", [x]).output[0]
-    assert rel_err(before, layer_reference(x, tensors, 1)) <= 1e-5
+    assert_close(before, checkpoint_mlp(tensors, 1, x))  # the call's layer 1
     weights_before = call(loop, controller, "mlp", "get_weights").output
 
     state = controller.groups["mlp"]

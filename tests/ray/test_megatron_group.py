@@ -9,11 +9,11 @@ import json
 import pytest
 import torch
 from omegaconf import OmegaConf
-from safetensors.torch import save_file
 
 from single_controller.megatron.parallel_info import MegatronGlobalInfo, MegatronRankInfo
 from single_controller.models.mlp_worker import MLPLayerWorker
 from single_controller.ray import MegatronRayWorkerGroup, RayClassWithInitArgs, RayResourcePool
+from tests.mlp_reference import checkpoint_mlp, write_llama_mlp_checkpoint
 
 HIDDEN, FFN = 64, 128
 
@@ -89,15 +89,7 @@ def test_tp4_matches_reference(tp4):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A two-layer Hugging Face Llama layout (MLP tensors only), and its tensors."""
-    g = torch.Generator().manual_seed(3)
-    tensors = {}
-    for layer in range(2):
-        tensors[f"model.layers.{layer}.mlp.gate_proj.weight"] = torch.randn(FFN, HIDDEN, generator=g) / 8
-        tensors[f"model.layers.{layer}.mlp.up_proj.weight"] = torch.randn(FFN, HIDDEN, generator=g) / 8
-        tensors[f"model.layers.{layer}.mlp.down_proj.weight"] = torch.randn(HIDDEN, FFN, generator=g) / 8
-    path = tmp_path_factory.mktemp("llama") / "model.safetensors"
-    save_file(tensors, str(path))
-    return path, tensors
+    return write_llama_mlp_checkpoint(tmp_path_factory.mktemp("llama"), HIDDEN, FFN, layers=2, seed=3)
 
 
 def test_tp4_loads_a_checkpoint_layer_from_a_json_config(tp4, checkpoint):
@@ -114,9 +106,7 @@ def test_tp4_loads_a_checkpoint_layer_from_a_json_config(tp4, checkpoint):
         assert torch.equal(shard["down_proj.weight"], down[:, rows])
     x = torch.rand(5, 2, HIDDEN)
     (y,) = tp4.run_layer([x])
-    h = x.double()
-    expected = (torch.nn.functional.silu(h @ gate.double().T) * (h @ up.double().T)) @ down.double().T
-    assert rel_err(y, expected) <= 1e-5
+    assert rel_err(y, checkpoint_mlp(tensors, 1, x)) <= 1e-5
 
 
 def test_bad_init_model_keeps_the_layer(tp4, checkpoint):
