@@ -486,7 +486,7 @@ def bench_batching(url: str, quick: bool) -> dict[str, Any]:
     x = torch.rand(*BATCH_SHAPE)
     payload, headers = oip_body("x", x, binary_output=True)
     seconds = 6 if quick else 12
-    singles = 8 if quick else 24
+    singles = 8 if quick else 32
 
     async def run() -> dict[str, Any]:
         limits = httpx.Limits(max_connections=BATCH_CLIENTS)
@@ -513,19 +513,20 @@ def bench_batching(url: str, quick: bool) -> dict[str, Any]:
                 await asyncio.gather(*(client_loop() for _ in range(BATCH_CLIENTS)))
                 return done, time.perf_counter() - start, sizes
 
-            async def single(model: str) -> list[float]:
-                samples = []
+            async def single_pairs(lone: dict[str, list[float]]) -> None:
+                # One client, the two models in turn request by request, so the machine's
+                # drift hits both series alike (in blocks it moved the p50s by milliseconds).
                 for _ in range(singles):
-                    start = time.perf_counter()
-                    await post(model)
-                    samples.append(time.perf_counter() - start)
-                return samples
+                    for model in lone:
+                        start = time.perf_counter()
+                        await post(model)
+                        lone[model].append(time.perf_counter() - start)
 
             for model in ("mlp", "mlp_unbatched"):
                 await post(model)  # warm: spec cached, first forward done
             totals = {m: [0, 0.0] for m in ("mlp", "mlp_unbatched")}
             sizes: list[int] = []
-            lone = {m: [] for m in ("mlp", "mlp_unbatched")}
+            lone: dict[str, list[float]] = {m: [] for m in ("mlp", "mlp_unbatched")}
             for _ in range(2):  # A B A B: machine noise hits both alike
                 for model in ("mlp", "mlp_unbatched"):
                     done, took, seen = await window(model)
@@ -533,8 +534,7 @@ def bench_batching(url: str, quick: bool) -> dict[str, Any]:
                     totals[model][1] += took
                     if model == "mlp":
                         sizes += seen
-                for model in ("mlp", "mlp_unbatched"):
-                    lone[model] += await single(model)
+                await single_pairs(lone)
             return {"totals": totals, "sizes": sizes, "lone": lone}
 
     measured = asyncio.run(run())

@@ -4,7 +4,8 @@ dynamic batcher, for a model with one instance).
 Concurrent requests to one model wait in a queue per (shape, dtype): requests of
 different shapes or dtypes never share a batch. One batch of a model runs on its group at
 a time; a batch leaves when the group is free and either ``max_batch_size`` requests of
-one kind wait or the oldest of them has waited ``max_delay_s``. While a batch runs, the
+one kind wait or the oldest of them has waited ``max_delay_s`` (at most: less by up to
+the loop's timer resolution, ``TIMER_SLACK_S``, rather than more). While a batch runs, the
 requests that arrive form the next one. A batch is the requests' tensors concatenated
 along ``batch_dim``, sent as one call; the output is split back along the same dimension,
 each request getting a tensor of its own (a copy, not a view of the batch's output).
@@ -28,6 +29,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import torch
+
+#: How late a timer of the event loop can fire: its selector (epoll) sleeps in whole
+#: milliseconds, rounded up. A batch due within this is sent now, so the delay a config
+#: sets is the most a request waits, not that plus the rounding.
+TIMER_SLACK_S = 1e-3
 
 #: Runs one batch on the group: the concatenated input in, the concatenated output out.
 #: An exception it raises reaches every request of the batch.
@@ -119,7 +125,7 @@ class Batcher:
         for key, queue in self._queues.items():
             oldest = queue[0].arrived
             deadline = oldest + self.max_delay_s
-            if len(queue) >= self.max_batch_size or deadline <= now:
+            if len(queue) >= self.max_batch_size or deadline <= now + TIMER_SLACK_S:
                 if due_at is None or oldest < due_at:
                     due_key, due_at = key, oldest
             elif wake_at is None or deadline < wake_at:
@@ -127,9 +133,10 @@ class Batcher:
         return due_key, wake_at
 
     async def _schedule(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._queues:
             self._wake.clear()
-            timeout = None
+            deadline: asyncio.TimerHandle | None = None
             if self._in_flight < self.max_in_flight:
                 key, wake_at = self._next(time.perf_counter())
                 if key is not None:
@@ -138,16 +145,21 @@ class Batcher:
                     if not queue:
                         del self._queues[key]
                     self._in_flight += 1
-                    task = asyncio.get_running_loop().create_task(self._run(batch))
+                    task = loop.create_task(self._run(batch))
                     self._running.add(task)
                     task.add_done_callback(self._running.discard)
                     continue
-                timeout = None if wake_at is None else max(0.0, wake_at - time.perf_counter())
-            # Wait for a new request, a finished batch, or the next deadline.
+                if wake_at is not None:
+                    delay = wake_at - TIMER_SLACK_S - time.perf_counter()
+                    deadline = loop.call_later(max(0.0, delay), self._wake.set)
+            # Wait for a new request, a finished batch, or the next deadline. A timer that
+            # sets the event, not wait_for: that wraps the wait in a task of its own and, at
+            # the deadline, spends loop turns cancelling it while the lone request waits.
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            except TimeoutError:
-                pass
+                await self._wake.wait()
+            finally:
+                if deadline is not None:
+                    deadline.cancel()
 
     async def _run(self, batch: list[_Waiting]) -> None:
         started = time.perf_counter()

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 import torch
 
-from deployments.batching import Batcher, run_alone
+from deployments.batching import TIMER_SLACK_S, Batcher, _Waiting, run_alone
 from deployments.config import ConfigError, load_config
 
 
@@ -128,6 +128,23 @@ def test_a_lone_request_leaves_after_the_delay_without_others():
     answer = run(main())
     assert answer.batch_size == 1 and torch.equal(answer.output, alone(torch.ones(3, 2)))
     assert len(group.calls) == 1
+
+
+def test_the_delay_is_a_maximum_a_batch_due_within_the_timer_slack_leaves_now():
+    """The loop's timers fire up to a millisecond late (epoll sleeps in whole ms), so a
+    batch whose deadline is nearer than that leaves now rather than after the deadline."""
+    arrived, delay = 100.0, 0.005
+
+    async def main():
+        batcher = Batcher(Group().run, max_batch_size=16, max_delay_s=delay, batch_dim=1)
+        x = torch.zeros(1, 1)
+        waiting = _Waiting(x, asyncio.get_running_loop().create_future(), arrived=arrived)
+        batcher._queues[(tuple(x.shape), x.dtype)] = [waiting]
+        return [batcher._next(arrived + delay - ahead) for ahead in (TIMER_SLACK_S / 2, 2 * TIMER_SLACK_S)]
+
+    (due, _), (not_yet, wake_at) = run(main())
+    assert due == ((1, 1), torch.float32)
+    assert not_yet is None and wake_at == pytest.approx(arrived + delay)
 
 
 def test_an_error_reaches_every_request_of_its_batch_and_the_batcher_goes_on():
