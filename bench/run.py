@@ -100,6 +100,11 @@ def bench_library(quick: bool) -> dict[str, Any]:
             comp += timed(lambda: compiled_group.m(1), n // 5)
         out["one_to_all_compiled_p50_ms"] = p50(comp) * 1e3
         out["one_to_all_compiled_ratio"] = p50(comp) / p50(raw)
+        # What an idle graph costs: its ranks keep polling their channels until teardown.
+        pids = [info["pid"] for info in group.rank_info()]
+        out["compiled_idle_cores"] = idle_cores(pids)
+        compiled_group.teardown()
+        out["plain_idle_cores"] = idle_cores(pids)
         try:
             from ray.dag import InputNode, MultiOutputNode
 
@@ -158,6 +163,25 @@ def bench_library(quick: bool) -> dict[str, Any]:
     finally:
         ray.shutdown()
     return out
+
+
+def idle_cores(pids: list[int], seconds: float = 3.0) -> float | None:
+    """Cores the processes ``pids`` (on this node) kept busy over ``seconds`` of the
+    driver doing nothing, from ``/proc``; None where there is no ``/proc``."""
+
+    def cpu_s() -> float:
+        ticks = 0
+        for pid in pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime and stime
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    try:
+        before = cpu_s()
+        time.sleep(seconds)
+        return (cpu_s() - before) / seconds
+    except OSError:
+        return None
 
 
 def bench_batching_bound(layer: Any) -> dict[str, float]:
