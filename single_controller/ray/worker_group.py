@@ -12,12 +12,12 @@ from __future__ import annotations
 import copy
 import random
 import string
+import sys
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 import ray
-import torch
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from single_controller.base.worker_group import (
@@ -140,7 +140,10 @@ def _random_prefix() -> str:
 
 
 def _is_bulky(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
+    # No torch import here: this module also loads in every colocated worker process,
+    # and a tensor can only exist where torch is already imported.
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
         return value.numel() * value.element_size() >= SHARE_BYTES_THRESHOLD
     if isinstance(value, np.ndarray):
         return value.nbytes >= SHARE_BYTES_THRESHOLD

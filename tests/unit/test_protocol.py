@@ -51,6 +51,19 @@ def test_importing_the_package_stays_cheap_and_serves_dataproto_lazily():
     assert out.stdout.strip() == "ok"
 
 
+def test_the_ray_backend_loads_no_torch_so_a_colocated_worker_of_plain_classes_never_does():
+    # A colocated (or fused) worker class is defined in single_controller.ray, so each of its
+    # processes imports that package: torch there would cost every such process a second.
+    code = (
+        "import sys; import single_controller.ray, single_controller.ray.colocated, single_controller.ray.fused; "
+        "from single_controller.ray import RayWorkerGroup, create_colocated_worker_cls; "
+        "assert 'torch' not in sys.modules, 'single_controller.ray loaded torch'; print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
 def test_from_dict_builds_the_three_parts():
     data = sample()
     assert len(data) == 6
