@@ -100,11 +100,7 @@ def bench_library(quick: bool) -> dict[str, Any]:
             comp += timed(lambda: compiled_group.m(1), n // 5)
         out["one_to_all_compiled_p50_ms"] = p50(comp) * 1e3
         out["one_to_all_compiled_ratio"] = p50(comp) / p50(raw)
-        # What an idle graph costs: its ranks keep polling their channels until teardown.
-        pids = [info["pid"] for info in group.rank_info()]
-        out["compiled_idle_cores"] = idle_cores(pids)
-        compiled_group.teardown()
-        out["plain_idle_cores"] = idle_cores(pids)
+        compiled_group.teardown()  # its ranks poll while it exists (bench_compiled_idle)
         try:
             from ray.dag import InputNode, MultiOutputNode
 
@@ -159,6 +155,7 @@ def bench_library(quick: bool) -> dict[str, Any]:
         out.update(bench_batching_bound(layer))
         out["megatron_compute_dp_size"] = layer.dp_size
         layer.shutdown()
+        out.update(bench_compiled_idle(pool, Member))  # last: it leaves prestarted idle workers
         pool.remove()
     finally:
         ray.shutdown()
@@ -182,6 +179,24 @@ def idle_cores(pids: list[int], seconds: float = 3.0) -> float | None:
         return (cpu_s() - before) / seconds
     except OSError:
         return None
+
+
+def bench_compiled_idle(pool: Any, worker_cls: Any) -> dict[str, float | None]:
+    """What a compiled graph costs while nobody calls it: the cores a group's ranks keep
+    busy with the graph compiled (after one call), then after its teardown."""
+    from single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
+
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(cls=worker_cls))
+    try:
+        pids = [info["pid"] for info in group.rank_info()]
+        compiled = group.compile()
+        compiled.m(1)
+        out = {"compiled_idle_cores": idle_cores(pids)}
+        compiled.teardown()
+        out["plain_idle_cores"] = idle_cores(pids)
+        return out
+    finally:
+        group.shutdown()
 
 
 def bench_batching_bound(layer: Any) -> dict[str, float]:
