@@ -35,6 +35,13 @@ def sample(rows: int = 6) -> DataProto:
 
 
 
+def assert_fresh_python_prints_ok(code: str) -> None:
+    """Runs ``code`` in a new interpreter (nothing imported yet) and expects it to print ok."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
 def test_importing_the_package_stays_cheap_and_serves_dataproto_lazily():
     code = (
         "import sys, single_controller; "
@@ -46,9 +53,7 @@ def test_importing_the_package_stays_cheap_and_serves_dataproto_lazily():
         "from single_controller.protocol import DataProto as P; assert DataProto is P; "
         "from single_controller.base import Worker as W; assert Worker is W; print('ok')"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
+    assert_fresh_python_prints_ok(code)
 
 
 def test_the_ray_backend_loads_no_torch_so_a_colocated_worker_of_plain_classes_never_does():
@@ -59,9 +64,7 @@ def test_the_ray_backend_loads_no_torch_so_a_colocated_worker_of_plain_classes_n
         "from single_controller.ray import RayWorkerGroup, create_colocated_worker_cls; "
         "assert 'torch' not in sys.modules, 'single_controller.ray loaded torch'; print('ok')"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
+    assert_fresh_python_prints_ok(code)
 
 
 def test_from_dict_builds_the_three_parts():
