@@ -124,8 +124,9 @@ class Batcher:
         due_key, due_at, wake_at = None, None, None
         for key, queue in self._queues.items():
             oldest = queue[0].arrived
-            deadline = oldest + self.max_delay_s
-            if len(queue) >= self.max_batch_size or deadline <= now + TIMER_SLACK_S:
+            # due a timer's rounding early, so that the wait never runs past the delay
+            deadline = oldest + self.max_delay_s - TIMER_SLACK_S
+            if len(queue) >= self.max_batch_size or deadline <= now:
                 if due_at is None or oldest < due_at:
                     due_key, due_at = key, oldest
             elif wake_at is None or deadline < wake_at:
@@ -150,8 +151,7 @@ class Batcher:
                     task.add_done_callback(self._running.discard)
                     continue
                 if wake_at is not None:
-                    delay = wake_at - TIMER_SLACK_S - time.perf_counter()
-                    deadline = loop.call_later(max(0.0, delay), self._wake.set)
+                    deadline = loop.call_later(max(0.0, wake_at - time.perf_counter()), self._wake.set)
             # Wait for a new request, a finished batch, or the next deadline. A timer that
             # sets the event, not wait_for: that wraps the wait in a task of its own and, at
             # the deadline, spends loop turns cancelling it while the lone request waits.
