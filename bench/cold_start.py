@@ -25,6 +25,13 @@ from clients.local_server import CONFIG, ServeProcess
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def cpu_seconds(stat: str) -> float:
+    """User plus system CPU seconds of a process, from the text of its ``/proc/<pid>/stat``
+    (the fields after the parenthesised name, which may itself hold spaces)."""
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
 def _processes(session: int) -> dict[int, tuple[str, str, float]]:
     """``{pid: (kind, title, cpu seconds)}`` of the processes in the session ``session``."""
     found = {}
@@ -39,8 +46,7 @@ def _processes(session: int) -> dict[int, tuple[str, str, float]]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except (OSError, ProcessLookupError):
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        cpu = (int(fields[11]) + int(fields[12])) / TICKS
+        cpu = cpu_seconds(stat)
         cmdline = cmdline.strip()
         found[pid] = (kind_of(cmdline), cmdline.split()[0] if cmdline.startswith("ray::") else cmdline[:60], cpu)
     return found

@@ -23,6 +23,7 @@ import httpx
 import torch
 import yaml
 
+from bench.cold_start import cpu_seconds
 from bench.hops import breakdown
 from clients.local_server import ROOT, ServeProcess
 
@@ -167,11 +168,7 @@ def idle_cores(pids: list[int], seconds: float = 3.0) -> float | None:
     driver doing nothing, from ``/proc``; None where there is no ``/proc``."""
 
     def cpu_s() -> float:
-        ticks = 0
-        for pid in pids:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])  # utime and stime
-        return ticks / os.sysconf("SC_CLK_TCK")
+        return sum(cpu_seconds(Path(f"/proc/{pid}/stat").read_text()) for pid in pids)
 
     try:
         before = cpu_s()
