@@ -156,6 +156,7 @@ class Supervisor:
         if unit.pings is None:
             unit.pings = as_asyncio([worker.__ray_ready__.remote() for worker in unit.workers()])
         generation = unit.generation
+        busy_at_start = unit.busy
         done, pending = await asyncio.wait(unit.pings, timeout=self.health_timeout_s)
         if generation != unit.generation:
             return  # rebuilt meanwhile: these pings were for the old workers
@@ -165,7 +166,8 @@ class Supervisor:
             self.recover(unit, f"a worker is lost ({failure_of(lost[0].exception())[1]})")
         elif not pending:
             unit.pings = None
-        elif not unit.busy:
+        elif not (busy_at_start or unit.busy):
+            # idle the whole wait: a call that ended during it may still hold the pings
             unit.pings = None
             self.recover(unit, f"a worker did not answer a ping within {self.health_timeout_s:g} s while idle")
         # else: the pings wait behind a running call; they are kept for the next check
