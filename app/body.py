@@ -32,19 +32,21 @@ def body_kind(request: Request, allowed: tuple[str, ...]) -> str:
     return kind
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int) -> bytearray:
+    """The body, read into one growing bytearray: memory follows the bytes that arrived,
+    never a claimed Content-Length, and the tensors decoded from it can be views of it
+    (writable, no second copy of a large body)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"body of {declared} bytes is over the limit of {limit} bytes")
-    chunks, size = [], 0
+    body = bytearray()
     async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
+        if len(body) + len(chunk) > limit:
             raise ApiError(413, f"body is over the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        body += chunk
+    return body
 
 
-def fingerprint(kind: str, body: bytes) -> str:
+def fingerprint(kind: str, body: bytes | bytearray) -> str:
     """What identifies a request body for Idempotency-Key repeats."""
     return hashlib.sha256(kind.encode() + b"\0" + body).hexdigest()

@@ -23,7 +23,7 @@ from wire.safetensors_call import decode_call_body, encode_output_body
 from wire.strict_json import dumps_compact, loads_strict
 
 
-def parse_call_body(kind: str, body: bytes, limits: WireLimits = DEFAULT_LIMITS) -> tuple[list, dict]:
+def parse_call_body(kind: str, body: bytes | bytearray, limits: WireLimits = DEFAULT_LIMITS) -> tuple[list, dict]:
     """``(args, kwargs)`` of a call whose body is ``kind`` (JSON or safetensors, checked
     by the route), tensors decoded to torch."""
     if kind == SAFETENSORS:
@@ -32,7 +32,7 @@ def parse_call_body(kind: str, body: bytes, limits: WireLimits = DEFAULT_LIMITS)
         except WireError as exc:
             raise ApiError(400, f"bad safetensors body: {exc}") from None
     try:
-        payload = loads_strict(body, "body", limits) if body.strip() else {}
+        payload = loads_strict(body, "body", limits) if body and not body.isspace() else {}
     except WireError as exc:
         raise ApiError(400, str(exc)) from None
     try:

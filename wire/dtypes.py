@@ -23,6 +23,7 @@ __all__ = [
     "itemsize",
     "numpy_to_torch",
     "plain_cpu",
+    "tensor_from_buffer",
     "torch_dtype",
     "wire_numpy_dtype",
 ]
@@ -138,3 +139,22 @@ def numpy_to_torch(array: np.ndarray, label: str) -> torch.Tensor:
         raise WireError(f"{label}: numpy dtype {array.dtype} has no wire datatype") from None
     datatype_of(tensor.dtype, label)
     return tensor
+
+
+def tensor_from_buffer(raw: memoryview, datatype: str, shape: list[int], label: str) -> torch.Tensor:
+    """A tensor of ``shape`` from ``raw``, the little-endian bytes of ``datatype`` (their
+    count already checked against the shape). Where ``raw`` is writable and its bytes lie
+    aligned in native order, the tensor is a view of them, not a copy: a large request body
+    is then held once, not twice. Otherwise the tensor gets a copy of its own, so it is
+    always writable. BOOL bytes must be 0 or 1."""
+    array = np.frombuffer(raw, dtype=wire_numpy_dtype(datatype))
+    if raw.readonly or not array.flags.aligned or not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="), copy=True)
+    if datatype == "BOOL":
+        if array.size and int(array.max()) > 1:
+            raise WireError(f"{label}: BOOL bytes must be 0 or 1")
+        return torch.from_numpy(array).view(torch.bool).reshape(shape)
+    tensor = torch.from_numpy(array)
+    if datatype == "BF16":
+        tensor = tensor.view(torch.bfloat16)
+    return tensor.reshape(shape)

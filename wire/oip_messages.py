@@ -22,8 +22,8 @@ from wire.dtypes import (
     itemsize,
     numpy_to_torch,
     plain_cpu,
+    tensor_from_buffer,
     torch_dtype,
-    wire_numpy_dtype,
 )
 from wire.errors import WireError
 from wire.json_tensors import json_data, json_to_tensor
@@ -62,7 +62,7 @@ def parse_header_length(value: str | int | None, body_size: int) -> int | None:
 
 
 def _split_body(
-    body: bytes, header_length: str | int | None, what: str, limits: WireLimits
+    body: bytes | bytearray, header_length: str | int | None, what: str, limits: WireLimits
 ) -> tuple[Any, memoryview, bool]:
     """The parsed JSON header, the bytes after it, and whether a header length was given."""
     view = memoryview(body).cast("B")
@@ -70,19 +70,6 @@ def _split_body(
     if length is None:
         return loads_strict(view, f"{what} body", limits), view[len(view) :], False
     return loads_strict(view[:length], f"{what} header", limits), view[length:], True
-
-
-def _tensor_from_bytes(raw: memoryview, datatype: str, shape: list[int], label: str) -> torch.Tensor:
-    array = np.frombuffer(raw, dtype=wire_numpy_dtype(datatype))
-    array = array.astype(array.dtype.newbyteorder("="), copy=True)  # own, writable, native order
-    if datatype == "BOOL":
-        if array.size and int(array.max()) > 1:
-            raise WireError(f"{label}: BOOL bytes must be 0 or 1")
-        return torch.from_numpy(array).to(torch.bool).reshape(shape)
-    tensor = torch.from_numpy(array)
-    if datatype == "BF16":
-        tensor = tensor.view(torch.bfloat16)
-    return tensor.reshape(shape)
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> bytes:
@@ -163,7 +150,7 @@ def _parse_tensors(
                 f"{label}: the body ends {offset + size - len(rest)} bytes short of its binary data "
                 f"({len(rest)} bytes follow the JSON header)"
             )
-        tensors[name] = _tensor_from_bytes(rest[offset : offset + size], datatype, shape, label)
+        tensors[name] = tensor_from_buffer(rest[offset : offset + size], datatype, shape, label)
         offset += size
     if offset != len(rest):
         raise WireError(
@@ -193,7 +180,7 @@ def _check_requested_outputs(request: dict[str, Any], limits: WireLimits) -> Non
 
 
 def parse_infer_request(
-    body: bytes, header_length: str | int | None, limits: WireLimits = DEFAULT_LIMITS
+    body: bytes | bytearray, header_length: str | int | None, limits: WireLimits = DEFAULT_LIMITS
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """An OIP inference request and its input tensors, by name in request order.
 

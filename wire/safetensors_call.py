@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from collections.abc import Mapping
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from wire.dataproto import MEMBER, build_dataproto, dataproto_document, is_dataproto
-from wire.dtypes import check_shape, datatype_of, numpy_to_torch, plain_cpu
+from wire.dtypes import check_shape, datatype_of, itemsize, numpy_to_torch, plain_cpu, tensor_from_buffer
 from wire.errors import WireError
 from wire.json_tensors import is_json_tensor, json_to_tensor, type_name
 from wire.limits import DEFAULT_LIMITS, WireLimits
@@ -73,8 +74,20 @@ def encode_safetensors(named: Mapping[str, torch.Tensor], metadata: Mapping[str,
     return save(plain, metadata=dict(metadata) if metadata else None)
 
 
-def _check_header(header: Any, limits: WireLimits) -> None:
-    """The header's tensor count and shapes, before anything is loaded."""
+#: safetensors dtype names and the wire datatypes they are read as; other dtypes
+#: (unsigned 16-64 bit, the 8-bit floats) have no wire datatype and are refused.
+_DATATYPE_OF_SAFETENSORS = {
+    "BOOL": "BOOL", "U8": "UINT8", "I8": "INT8", "I16": "INT16", "I32": "INT32", "I64": "INT64",
+    "F16": "FP16", "BF16": "BF16", "F32": "FP32", "F64": "FP64",
+}
+_ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
+
+
+def _layout(header: Any, data_size: int, limits: WireLimits) -> list[tuple[int, int, str, str, list[int]]]:
+    """``(begin, end, name, datatype, shape)`` of every tensor, in data order, with the
+    rules of the format checked before any byte is read: known dtypes, shapes within
+    ``limits``, each tensor's byte range as long as its shape needs, and the ranges packed
+    back to back from 0 to the end of the body, with no gap or overlap."""
     if not isinstance(header, dict):
         raise WireError("safetensors header is not a JSON object")
     count = len(header) - (_METADATA in header)
@@ -82,40 +95,72 @@ def _check_header(header: Any, limits: WireLimits) -> None:
         raise WireError(
             f"safetensors body holds {count} tensors, over the limit of {limits.max_tensors} (limits.max_tensors)"
         )
+    entries = []
     for name, entry in header.items():
-        if name != _METADATA and isinstance(entry, dict) and "shape" in entry:
-            check_shape(entry["shape"], f"safetensors tensor {name!r:.100}", limits)
+        if name == _METADATA:
+            continue
+        label = f"safetensors tensor {name!r:.100}"
+        if not isinstance(entry, dict) or not _ENTRY_KEYS <= set(entry):
+            raise WireError(f"{label} needs dtype, shape and data_offsets")
+        dtype = entry["dtype"]
+        datatype = _DATATYPE_OF_SAFETENSORS.get(dtype) if isinstance(dtype, str) else None
+        if datatype is None:
+            raise WireError(
+                f"{label}: dtype {dtype!r:.40} has no wire datatype; use one of {', '.join(_DATATYPE_OF_SAFETENSORS)}"
+            )
+        shape = check_shape(entry["shape"], label, limits)
+        offsets = entry["data_offsets"]
+        if not (
+            isinstance(offsets, list) and len(offsets) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
+        ):
+            raise WireError(f"{label}: data_offsets must be two non-negative integers, got {offsets!r:.80}")
+        begin, end = offsets
+        needed = math.prod(shape) * itemsize(datatype)
+        if end - begin != needed:
+            raise WireError(f"{label}: data_offsets {offsets} hold {end - begin} bytes but shape {shape} of {dtype} needs {needed}")
+        entries.append((begin, end, name, datatype, shape))
+    entries.sort()
+    position = 0
+    for begin, end, name, _, _ in entries:
+        if begin != position:
+            raise WireError(
+                f"safetensors tensor {name!r:.100} starts at data byte {begin}, not {position} where the one "
+                "before it ends (tensors must be packed without gaps or overlaps)"
+            )
+        position = end
+    if position != data_size:
+        raise WireError(f"safetensors body has {data_size} bytes of tensor data but its header declares {position}")
+    return entries
 
 
-def _read(body: bytes, limits: WireLimits) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The named tensors of a safetensors body and its string metadata."""
-    from safetensors.torch import load
-
-    body = bytes(body)
-    if len(body) < 8:
-        raise WireError(f"safetensors body has {len(body)} bytes, fewer than its 8-byte header length")
-    (header_length,) = struct.unpack("<Q", body[:8])
-    if header_length > len(body) - 8:
+def _read(body: bytes | bytearray, limits: WireLimits) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The named tensors of a safetensors body and its string metadata. The tensors are
+    views of a writable body (a request read into a bytearray), copies of a read-only one.
+    safetensors' own ``load`` copies every tensor out of an in-memory body (only files get
+    its zero-copy path), so the body is read here, by the format's rules, with numpy."""
+    view = memoryview(body).cast("B")
+    if len(view) < 8:
+        raise WireError(f"safetensors body has {len(view)} bytes, fewer than its 8-byte header length")
+    (header_length,) = struct.unpack("<Q", view[:8])
+    if header_length > len(view) - 8:
         raise WireError(
-            f"safetensors header claims {header_length} bytes but the body has {len(body) - 8} after the length"
+            f"safetensors header claims {header_length} bytes but the body has {len(view) - 8} after the length"
         )
-    header = loads_strict(body[8 : 8 + header_length], "safetensors header", limits)
-    _check_header(header, limits)
+    header = loads_strict(view[8 : 8 + header_length], "safetensors header", limits)
+    data = view[8 + header_length :]
+    layout = _layout(header, len(data), limits)
     metadata = header.get(_METADATA) or {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise WireError("safetensors metadata must map names to strings")
-    try:
-        named = load(body)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as exc:  # the Rust parser's errors, including a panic (a BaseException)
-        raise WireError(f"invalid safetensors body: {exc}") from None
-    for name, tensor in named.items():
-        datatype_of(tensor.dtype, f"safetensors tensor {name!r}")
+    named = {
+        name: tensor_from_buffer(data[begin:end], datatype, shape, f"safetensors tensor {name!r:.100}")
+        for begin, end, name, datatype, shape in layout
+    }
     return named, metadata
 
 
-def decode_safetensors(body: bytes, limits: WireLimits = DEFAULT_LIMITS) -> dict[str, torch.Tensor]:
+def decode_safetensors(body: bytes | bytearray, limits: WireLimits = DEFAULT_LIMITS) -> dict[str, torch.Tensor]:
     """Named tensors of a safetensors body; a truncated or malformed body, one over
     ``limits``, or a dtype without a wire datatype raises :class:`WireError`."""
     return _read(body, limits)[0]
@@ -242,7 +287,7 @@ def encode_call_body(kwargs: Mapping[str, Any]) -> bytes:
     return encode_safetensors(named, metadata)
 
 
-def decode_call_body(body: bytes, limits: WireLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+def decode_call_body(body: bytes | bytearray, limits: WireLimits = DEFAULT_LIMITS) -> dict[str, Any]:
     """Keyword arguments of a safetensors call body (:func:`encode_call_body`'s inverse)."""
     named, metadata = _read(body, limits)
     plain, dataprotos = _dataprotos(named, metadata, limits)

@@ -70,6 +70,24 @@ def test_tritonclient_binary_request_parses(datatype):
     assert np.array_equal(to_numpy(inputs["x"]), array)
 
 
+@pytest.mark.parametrize("datatype", list(NUMPY_CASES))
+def test_a_writable_request_body_is_viewed_in_place_where_aligned_and_copied_otherwise(datatype):
+    array = NUMPY_CASES[datatype]
+    body, json_size = InferenceServerClient.generate_request_body([triton_input("x", array, datatype)])
+    header, data = body[:json_size], body[json_size:]
+    for pad in range(8):  # JSON may end in spaces: every offset of the binary data
+        padded = header + b" " * pad
+        writable = bytearray(padded + data)  # what the ingress reads a request into
+        start = np.frombuffer(writable, dtype=np.uint8).ctypes.data
+        _, inputs = parse_infer_request(writable, len(padded))
+        assert np.array_equal(to_numpy(inputs["x"]), array)
+        viewed = inputs["x"].data_ptr() == start + len(padded)
+        assert viewed == ((start + len(padded)) % array.itemsize == 0)  # misaligned bytes are copied
+        _, copied = parse_infer_request(bytes(padded + data), len(padded))  # read-only: always a copy
+        assert copied["x"].data_ptr() not in range(start, start + len(writable))
+        assert np.array_equal(to_numpy(copied["x"]), array)
+
+
 def test_tritonclient_mixed_json_and_binary_inputs_keep_their_order():
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     b = np.array([1, 2, 3], dtype=np.int64)

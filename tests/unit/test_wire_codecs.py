@@ -284,6 +284,88 @@ def test_safetensors_dtypes_without_a_datatype_are_refused():
         decode_safetensors(st_save({"u": torch.zeros(2, dtype=torch.uint16)}))
 
 
+def _body_address_range(body: bytearray) -> range:
+    start = np.frombuffer(body, dtype=np.uint8).ctypes.data
+    return range(start, start + len(body))
+
+
+def test_a_writable_body_is_viewed_in_place_and_a_read_only_one_is_copied():
+    named = {datatype.lower(): sample(datatype) for datatype in DATATYPES}
+    named["big"] = torch.arange(4096, dtype=torch.float32).reshape(64, 64)
+    encoded = encode_safetensors(named)
+
+    writable = bytearray(encoded)
+    inside = _body_address_range(writable)
+    viewed = decode_safetensors(writable)
+    assert all(same(viewed[k], named[k]) for k in named)
+    # no second copy of the body: every non-empty tensor's bytes lie inside it
+    assert all(viewed[k].data_ptr() in inside for k in named if viewed[k].numel())
+    viewed["big"][0, 0] = -1.0  # writable, and a view: the body changes with it
+    assert decode_safetensors(writable)["big"][0, 0] == -1.0
+
+    copied = decode_safetensors(encoded)  # bytes are read-only: the tensors own copies
+    assert all(same(copied[k], named[k]) for k in named)
+    copied["big"][0, 0] = -2.0
+    assert decode_safetensors(encoded)["big"][0, 0] == 0.0
+
+
+def _forge(named: dict[str, torch.Tensor], edit, tail: bytes = b"") -> bytes:
+    """A safetensors body of ``named`` whose header ``edit`` changed (and ``tail`` appended)."""
+    body = st_save(named)
+    (length,) = struct.unpack("<Q", body[:8])
+    header = json.loads(body[8 : 8 + length])
+    edit(header)
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + body[8 + length :] + tail
+
+
+def _set(name: str, key: str, value):
+    return lambda header: header[name].__setitem__(key, value)
+
+
+@pytest.mark.parametrize(
+    ("edit", "tail", "message"),
+    [
+        (_set("a", "data_offsets", [0, 12]), b"", "hold 12 bytes but shape"),
+        (_set("b", "data_offsets", [20, 36]), b"\0" * 4, "starts at data byte 20, not 16"),  # a gap
+        (_set("b", "data_offsets", [12, 28]), b"", "starts at data byte 12, not 16"),  # an overlap
+        (lambda header: None, b"\0" * 8, "40 bytes of tensor data but its header declares 32"),
+        (_set("a", "data_offsets", [0, -16]), b"", "two non-negative integers"),
+        (_set("a", "data_offsets", [0]), b"", "two non-negative integers"),
+        (lambda header: header["a"].pop("shape"), b"", "needs dtype, shape and data_offsets"),
+        (_set("a", "dtype", 4), b"", "has no wire datatype"),
+        (_set("a", "shape", [2, -2]), b"", "negative dimension"),
+    ],
+)
+def test_the_format_rules_are_checked_before_any_byte_is_read(edit, tail, message):
+    named = {"a": torch.arange(4.0), "b": torch.ones(4)}  # bytes 0-16 and 16-32 of the data
+    body = _forge(named, edit, tail)
+    with pytest.raises(WireError, match=message):
+        decode_safetensors(bytearray(body))
+    # safetensors' own reader refuses the same bodies
+    with pytest.raises(Exception):  # noqa: B017 - the Rust parser's own error type
+        st_load(body)
+
+
+def test_what_the_library_reads_is_read_the_same():
+    named = {"a": torch.arange(4.0), "b": torch.ones(2, 2, dtype=torch.float64)}
+    # keys the format does not define are ignored, as safetensors itself ignores them
+    body = _forge(named, _set("a", "note", "x"))
+    assert all(same(decode_safetensors(bytearray(body))[k], st_load(body)[k]) for k in named)
+    # a dtype the format has but the wire does not is refused by name
+    fp8 = _forge({"a": torch.zeros(4, dtype=torch.uint8)}, _set("a", "dtype", "F8_E4M3"))
+    assert st_load(fp8)["a"].dtype == torch.float8_e4m3fn
+    with pytest.raises(WireError, match="dtype 'F8_E4M3' has no wire datatype"):
+        decode_safetensors(fp8)
+
+
+def test_bool_bytes_other_than_0_and_1_are_refused():
+    body = bytearray(st_save({"m": torch.tensor([True, False])}))
+    body[-1] = 7
+    with pytest.raises(WireError, match="BOOL bytes must be 0 or 1"):
+        decode_safetensors(body)
+
+
 # -- the call and output conventions ------------------------------------------------------
 
 
