@@ -13,6 +13,7 @@ it starts.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any
 
@@ -22,6 +23,10 @@ from single_controller.base.worker_methods import user_class
 
 #: The constructor keyword that carries a rank's environment (removed before the class sees it).
 RANK_ENV_KWARG = "_single_controller_rank_env"
+#: "1" in a rank's environment: the rank sends plain CPU tensors, its return values
+#: included, to Ray out of band (single_controller.ray.tensor_transport), provided its
+#: class's module loaded torch by the time the actor starts.
+TENSORS_OUT_OF_BAND_ENV = "SC_TENSORS_OUT_OF_BAND"
 
 _lock = threading.Lock()
 _classes: dict[Any, Any] = {}  # worker class -> its actor class with rank env
@@ -32,6 +37,11 @@ def _subclass(base: type) -> type:
     # task, so __init__ is where the variables arrive; a Worker then reads its place again.
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         os.environ.update(kwargs.pop(RANK_ENV_KWARG, None) or {})
+        # Only where the worker's code loaded torch: a class without tensors stays torch-free.
+        if os.environ.get(TENSORS_OUT_OF_BAND_ENV) == "1" and "torch" in sys.modules:
+            from single_controller.ray.tensor_transport import send_tensors_out_of_band
+
+            send_tensors_out_of_band()
         configure = getattr(self, "_configure_from_env", None)
         if configure is not None:
             configure()

@@ -28,7 +28,7 @@ from single_controller.base.worker_group import (
 )
 from single_controller.batch import is_batch
 from single_controller.protocol_future import DataProtoFuture
-from single_controller.ray.rank_env import RANK_ENV_KWARG, with_rank_env
+from single_controller.ray.rank_env import RANK_ENV_KWARG, TENSORS_OUT_OF_BAND_ENV, with_rank_env
 from single_controller.ray.resource_pool import RayResourcePool
 from single_controller.rendezvous import pick_rendezvous
 
@@ -44,6 +44,7 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         super().__init__(cls, *args, **kwargs)
         self._options: dict[str, Any] = {}
         self._additional_resource: dict[str, float] = {}
+        self._rank_env: dict[str, str] = {}
 
     def update_options(self, options: dict[str, Any]) -> None:
         """Extra ``.options()`` for every actor (runtime_env, max_concurrency, ...)."""
@@ -51,6 +52,13 @@ class RayClassWithInitArgs(ClassWithInitArgs):
 
     def set_additional_resource(self, additional_resource: dict[str, float]) -> None:
         self._additional_resource = dict(additional_resource)
+
+    def send_tensors_out_of_band(self) -> None:
+        """Every actor made from this sends plain CPU tensors to Ray as numpy buffers out
+        of band, its return values included (``tensor_transport``; set through the rank's
+        environment, so no runtime_env is needed). An actor whose class's module does not
+        load torch is left as it is: it stays torch-free."""
+        self._rank_env[TENSORS_OUT_OF_BAND_ENV] = "1"
 
     def __call__(
         self,
@@ -81,7 +89,8 @@ class RayClassWithInitArgs(ClassWithInitArgs):
             options["lifetime"] = "detached"
         # The rank's variables go through the constructor, not a runtime_env (rank_env.py).
         actor_cls = with_rank_env(self.cls)
-        return actor_cls.options(**options).remote(*self.args, **self.kwargs, **{RANK_ENV_KWARG: dict(env_vars or {})})
+        rank_env = {**self._rank_env, **(env_vars or {})}
+        return actor_cls.options(**options).remote(*self.args, **self.kwargs, **{RANK_ENV_KWARG: rank_env})
 
 
 #: Picks the rendezvous on rank 0's node when that is another node. The function is

@@ -50,6 +50,10 @@ class ModeWorker(Worker):
     def scale_in_place(self, x):
         return x.mul_(self.rank + 1)
 
+    def views_of_one_storage(self):
+        whole = torch.arange(8.0) + self.rank
+        return whole, whole[2:5], os.environ.get("SC_TENSORS_OUT_OF_BAND")
+
     @register(Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
     def rank_zero(self, x):
         return (self.rank, x)
@@ -409,6 +413,30 @@ def test_pool_arguments_are_validated():
 
 def test_registered_dispatch_error_is_a_value_error():
     assert issubclass(DispatchError, ValueError)
+
+
+def test_a_group_asked_for_out_of_band_tensors_returns_them_without_torchs_pickling(ray_cluster):
+    # torch's pickling sends a view with its whole storage; the out-of-band path sends a
+    # tensor's own bytes. So a 3-element view of an 8-element tensor arrives with 32 bytes
+    # of storage from a default group, and with 12 from a group whose ranks were asked for
+    # out-of-band tensors.
+    pool = RayResourcePool([2], use_gpu=False, name_prefix="oob")
+    default_cls, out_of_band_cls = RayClassWithInitArgs(cls=ModeWorker), RayClassWithInitArgs(cls=ModeWorker)
+    out_of_band_cls.send_tensors_out_of_band()
+    groups = [RayWorkerGroup(pool, default_cls), RayWorkerGroup(pool, out_of_band_cls)]
+    try:
+        default, out_of_band = (g.execute_all_sync("views_of_one_storage") for g in groups)
+    finally:
+        for g in groups:
+            g.shutdown()
+        pool.remove()
+    for rank in range(2):
+        for (whole, part, flag), own_bytes in ((default[rank], False), (out_of_band[rank], True)):
+            assert whole.tolist() == [rank + float(i) for i in range(8)] and part.tolist() == whole[2:5].tolist()
+            assert part.untyped_storage().nbytes() == (12 if own_bytes else 32)
+            assert flag == ("1" if own_bytes else None)
+            part.add_(100)  # writable either way
+            assert part.tolist() == [rank + 102.0, rank + 103.0, rank + 104.0]
 
 
 def test_out_of_band_tensors_reach_every_rank_as_a_tensor_of_its_own(group):

@@ -67,6 +67,20 @@ def test_the_ray_backend_loads_no_torch_so_a_colocated_worker_of_plain_classes_n
     assert_fresh_python_prints_ok(code)
 
 
+def test_a_rank_asked_to_send_tensors_out_of_band_stays_torch_free_when_its_class_is():
+    # The service asks every rank for out-of-band tensors (SC_TENSORS_OUT_OF_BAND); a rank
+    # whose class never loaded torch must not load it for that. _subclass is what each
+    # rank's actor class is made from; its __init__ is run here without Ray.
+    code = (
+        "import sys, os; from single_controller.ray import rank_env; "
+        "Plain = rank_env._subclass(type('Plain', (), {'__init__': lambda self: None})); "
+        "Plain(**{rank_env.RANK_ENV_KWARG: {rank_env.TENSORS_OUT_OF_BAND_ENV: '1', 'RANK': '3'}}); "
+        "assert os.environ['RANK'] == '3' and os.environ[rank_env.TENSORS_OUT_OF_BAND_ENV] == '1'; "
+        "assert 'torch' not in sys.modules, 'asking for out-of-band tensors loaded torch'; print('ok')"
+    )
+    assert_fresh_python_prints_ok(code)
+
+
 def test_from_dict_builds_the_three_parts():
     data = sample()
     assert len(data) == 6
