@@ -116,6 +116,7 @@ def bench_library(quick: bool) -> dict[str, Any]:
             out["compiled_graph_error"] = f"{type(exc).__name__}: {exc}"
         group.shutdown()
         out.update(bench_colocated_start(pool, Member))
+        out.update(bench_tensor_returns(pool, n))
 
         # MEGATRON_COMPUTE: tp=4 MLP forward against single-process torch
         seq, batch, hidden, ffn = (128, 4, 4096, 11008) if quick else (512, 4, 4096, 11008)
@@ -241,6 +242,45 @@ def bench_loop_vs_thread(group: Any, n: int) -> dict[str, float]:
         "group_call_on_loop_p50_ms": p50(loop_s) * 1e3,
         "group_call_in_thread_p50_ms": p50(thread_s) * 1e3,
         "group_call_loop_over_thread": p50(loop_s) / p50(thread_s),
+    }
+
+
+def bench_tensor_returns(pool: Any, n: int) -> dict[str, float]:
+    """ONE_TO_ALL of a number to which every rank answers a one-element tensor: a default
+    group against one whose ranks send tensors out of band (``send_tensors_out_of_band()``,
+    as the service's groups do), calls interleaved."""
+    import ray
+
+    from single_controller.base import Worker
+    from single_controller.base.decorator import Dispatch, register
+    from single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
+
+    # A class of its own: its ranks load torch (it refers to it), the other bench classes' do not.
+    @ray.remote
+    class OneElement(Worker):
+        @register(Dispatch.ONE_TO_ALL)
+        def one_element(self, x):
+            return torch.full((1,), float(x))  # the tutorial's add answers so
+
+    worker_cls = OneElement
+
+    out_of_band_cls = RayClassWithInitArgs(cls=worker_cls)
+    out_of_band_cls.send_tensors_out_of_band()
+    default = RayWorkerGroup(pool, RayClassWithInitArgs(cls=worker_cls))
+    out_of_band = RayWorkerGroup(pool, out_of_band_cls)
+    try:
+        assert [t.tolist() for t in out_of_band.one_element(2)] == [[2.0]] * pool.world_size
+        plain, band = [], []
+        for _ in range(5):
+            plain += timed(lambda: default.one_element(1), n // 5)
+            band += timed(lambda: out_of_band.one_element(1), n // 5)
+    finally:
+        default.shutdown()
+        out_of_band.shutdown()
+    return {
+        "tensor_return_p50_ms": p50(plain) * 1e3,
+        "tensor_return_out_of_band_p50_ms": p50(band) * 1e3,
+        "tensor_return_ratio": p50(band) / p50(plain),
     }
 
 
