@@ -109,7 +109,7 @@ def _class_with_args(group: GroupConfig, worker: Any) -> RayClassWithInitArgs:
     if group.actor_options:
         cls_with_init.update_options(copy.deepcopy(group.actor_options))
     # The controller reads every output: a rank's tensors come back without torch's
-    # pickling (about 1 ms less for four one-element tensors, measured).
+    # pickling (the bench's tensor_return_ratio: 0.76x for four one-element answers).
     cls_with_init.send_tensors_out_of_band()
     return cls_with_init
 
