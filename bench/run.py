@@ -48,6 +48,17 @@ def timed(fn, n: int, warmup: int = 5) -> list[float]:
     return samples
 
 
+def interleaved(first, second, n: int, rounds: int = 5) -> tuple[list[float], list[float]]:
+    """``n`` timings of each of two calls, taken in alternating rounds so that machine
+    noise hits both alike."""
+    a: list[float] = []
+    b: list[float] = []
+    for _ in range(rounds):
+        a += timed(first, n // rounds)
+        b += timed(second, n // rounds)
+    return a, b
+
+
 # -- library -----------------------------------------------------------------------
 
 
@@ -83,11 +94,7 @@ def bench_library(quick: bool) -> dict[str, Any]:
         ray.get([a.m.remote(0) for a in actors])
         pool = RayResourcePool([4], use_gpu=False)
         group = RayWorkerGroup(pool, RayClassWithInitArgs(cls=Member))
-        # interleave the two so machine noise hits both alike
-        raw, lib = [], []
-        for _ in range(5):
-            raw += timed(lambda: ray.get([a.m.remote(1) for a in actors]), n // 5)
-            lib += timed(lambda: group.m(1), n // 5)
+        raw, lib = interleaved(lambda: ray.get([a.m.remote(1) for a in actors]), lambda: group.m(1), n)
         out["fanout_raw_p50_ms"] = p50(raw) * 1e3
         out["one_to_all_p50_ms"] = p50(lib) * 1e3
         out["one_to_all_ratio"] = out["one_to_all_p50_ms"] / out["fanout_raw_p50_ms"]
@@ -95,10 +102,7 @@ def bench_library(quick: bool) -> dict[str, Any]:
         out.update(bench_loop_vs_thread(group, n // 2))
         # The same group's ONE_TO_ALL through its compiled graph (wg.compile()), beside raw Ray.
         compiled_group = group.compile()
-        raw, comp = [], []
-        for _ in range(5):
-            raw += timed(lambda: ray.get([a.m.remote(1) for a in actors]), n // 5)
-            comp += timed(lambda: compiled_group.m(1), n // 5)
+        raw, comp = interleaved(lambda: ray.get([a.m.remote(1) for a in actors]), lambda: compiled_group.m(1), n)
         out["one_to_all_compiled_p50_ms"] = p50(comp) * 1e3
         out["one_to_all_compiled_ratio"] = p50(comp) / p50(raw)
         compiled_group.teardown()  # its ranks poll while it exists (bench_compiled_idle)
@@ -262,18 +266,13 @@ def bench_tensor_returns(pool: Any, n: int) -> dict[str, float]:
         def one_element(self, x):
             return torch.full((1,), float(x))  # the tutorial's add answers so
 
-    worker_cls = OneElement
-
-    out_of_band_cls = RayClassWithInitArgs(cls=worker_cls)
+    out_of_band_cls = RayClassWithInitArgs(cls=OneElement)
     out_of_band_cls.send_tensors_out_of_band()
-    default = RayWorkerGroup(pool, RayClassWithInitArgs(cls=worker_cls))
+    default = RayWorkerGroup(pool, RayClassWithInitArgs(cls=OneElement))
     out_of_band = RayWorkerGroup(pool, out_of_band_cls)
     try:
         assert [t.tolist() for t in out_of_band.one_element(2)] == [[2.0]] * pool.world_size
-        plain, band = [], []
-        for _ in range(5):
-            plain += timed(lambda: default.one_element(1), n // 5)
-            band += timed(lambda: out_of_band.one_element(1), n // 5)
+        plain, band = interleaved(lambda: default.one_element(1), lambda: out_of_band.one_element(1), n)
     finally:
         default.shutdown()
         out_of_band.shutdown()
@@ -480,10 +479,7 @@ def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
             # a 4-rank group, as the library floor (execute_all over 4 workers)
             add = lambda: http.post("/v1/groups/gpu_accumulator/add", json={"kwargs": {"x": [1, 1, 1, 1]}})  # noqa: E731
             noop = lambda: http.post("/noop/call", json={"kwargs": {"x": 1}})  # noqa: E731
-            adds, noops = [], []
-            for _ in range(5):
-                adds += timed(add, n // 5)
-                noops += timed(noop, n // 5)
+            adds, noops = interleaved(add, noop, n)
             out["http_add_p50_ms"] = p50(adds) * 1e3
             out["http_noop_p50_ms"] = p50(noops) * 1e3
             floor = out["http_noop_p50_ms"] + library["execute_all_add_p50_ms"]
