@@ -1,10 +1,10 @@
 """CPU milliseconds an HTTP call costs, process by process: the 4-rank accumulator's
 ``add`` against the no-op route, on one ``serve run`` of both (``bench.hops``' config).
 
-    python -m bench.call_cpu [--calls 600] [--clients 8]   (writes bench/results/call_cpu.json)
+    python -m bench.call_cpu [--seconds 10] [--clients 8]   (writes bench/results/call_cpu.json)
 
-Each process's CPU seconds are read from /proc before and after a run of calls at a fixed
-concurrency, and divided by the number of calls. On a machine whose cores are the limit,
+Each process's CPU seconds are read from /proc before and after calls made for a while at a
+fixed concurrency, and divided by the number of calls. On a machine whose cores are the limit,
 requests/s is cores over the total, and the rows say which process spends it.
 """
 
@@ -16,15 +16,13 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bench.cold_start import _processes
 from bench.hops import small_config
+from bench.run import post_concurrently
 from clients.local_server import ROOT, ServeProcess
 
 CALLS = {
@@ -41,26 +39,11 @@ def cpu_by_title(session: int) -> dict[str, float]:
     return totals
 
 
-async def post_many(url: str, path: str, body: dict, clients: int, calls: int) -> None:
-    left = calls
-    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-
-        async def client() -> None:
-            nonlocal left
-            while left > 0:
-                left -= 1
-                (await http.post(path, json=body)).raise_for_status()
-
-        await asyncio.gather(*(client() for _ in range(clients)))
-
-
-def measure(proc: ServeProcess, path: str, body: dict, clients: int, calls: int) -> dict[str, Any]:
+def measure(proc: ServeProcess, path: str, body: dict, clients: int, seconds: float) -> dict[str, Any]:
     session = proc.proc.pid
-    asyncio.run(post_many(proc.url, path, body, clients, calls // 6))  # warm up
+    asyncio.run(post_concurrently(proc.url, path, body, clients, seconds / 5))  # warm up
     before = cpu_by_title(session)
-    start = time.perf_counter()
-    asyncio.run(post_many(proc.url, path, body, clients, calls))
-    wall = time.perf_counter() - start
+    calls, took = asyncio.run(post_concurrently(proc.url, path, body, clients, seconds))
     after = cpu_by_title(session)
     per_call = {
         title: (cpu - before.get(title, 0.0)) / calls * 1e3
@@ -69,7 +52,8 @@ def measure(proc: ServeProcess, path: str, body: dict, clients: int, calls: int)
     }
     rows = dict(sorted(per_call.items(), key=lambda item: -item[1]))
     return {
-        "calls_per_s": calls / wall,
+        "calls": calls,
+        "calls_per_s": calls / took,
         "cpu_ms_per_call": sum(rows.values()),
         "cpu_ms_per_call_by_process": {title: round(ms, 3) for title, ms in rows.items() if ms >= 0.05},
     }
@@ -77,7 +61,7 @@ def measure(proc: ServeProcess, path: str, body: dict, clients: int, calls: int)
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", type=int, default=600)
+    parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=8)
     options = parser.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -85,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     proc = ServeProcess(config=small_config(directory))
     try:
         proc.start(timeout_s=600)
-        out = {name: measure(proc, path, body, options.clients, options.calls) for name, (path, body) in CALLS.items()}
+        out = {name: measure(proc, path, body, options.clients, options.seconds) for name, (path, body) in CALLS.items()}
     finally:
         proc.stop()
         shutil.rmtree(directory, ignore_errors=True)

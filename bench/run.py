@@ -426,7 +426,9 @@ def cold_start(config: Path, ready_path: str) -> tuple[float, ServeProcess]:
     return time.perf_counter() - start, proc
 
 
-async def _throughput(url: str, path: str, body: dict, clients: int, seconds: float) -> float:
+async def post_concurrently(url: str, path: str, body: dict, clients: int, seconds: float) -> tuple[int, float]:
+    """``clients`` clients posting ``body`` to ``path`` one call after another for
+    ``seconds``: the calls they completed, and the seconds that took."""
     done = 0
     deadline = time.perf_counter() + seconds
     limits = httpx.Limits(max_connections=clients)
@@ -441,7 +443,12 @@ async def _throughput(url: str, path: str, body: dict, clients: int, seconds: fl
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
-        return done / (time.perf_counter() - start)
+        return done, time.perf_counter() - start
+
+
+async def _throughput(url: str, path: str, body: dict, clients: int, seconds: float) -> float:
+    done, took = await post_concurrently(url, path, body, clients, seconds)
+    return done / took
 
 
 def safetensors_body(name: str, t: torch.Tensor) -> bytes:
