@@ -44,10 +44,10 @@ print('\n'.join(r for r in reqs if not r.startswith(p['name'])))" > /tmp/require
 FROM deps AS app
 
 COPY . .
-# `.[server]` is the authority on what the app needs (pip only warns where pyproject.toml
-# has no such extra); pip check fails the build if anything is missing.
+# pyproject.toml is the authority on what the app needs; pip check fails the build if
+# anything is missing.
 RUN pip wheel --no-deps --wheel-dir /wheels . \
-    && pip install -c constraints.txt "$(ls /wheels/*.whl)[server]" \
+    && pip install -c constraints.txt "$(ls /wheels/*.whl)" \
     && pip check
 
 # --- the image: the virtual environment, the app and the config, run unprivileged --------

@@ -13,7 +13,7 @@ UV := $(VENV)/bin/uv
 # otherwise the tests that need them skip (SC_REQUIRE_SYSTEM_DEPS=1 makes them fail).
 SYSTEM_PACKAGES := chromium chromium-driver redis-server
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml hybridflow-client/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	# uv installs (parallel downloads, unpacking and compiling, where pip does each in turn),
 	# bytecode compiled as pip does: without it every Ray worker compiles ray's modules again.
@@ -25,8 +25,8 @@ $(STAMP): pyproject.toml
 	{ [ -x $(UV) ] && [ -n "$$links" ] \
 		&& $(UV) pip install --quiet --compile-bytecode --python $(PY) --no-index --no-deps --find-links "$$links" torch==2.13.0; } \
 		|| $(PY) -m pip install --quiet torch==2.13.0
-	{ [ -x $(UV) ] && $(UV) pip install --quiet --compile-bytecode --python $(PY) -c constraints.txt -e '.[server,dev]'; } \
-		|| $(PY) -m pip install --quiet -c constraints.txt -e '.[server,dev]'
+	{ [ -x $(UV) ] && $(UV) pip install --quiet --compile-bytecode --python $(PY) -c constraints.txt -e '.[dev]' -e ./hybridflow-client; } \
+		|| $(PY) -m pip install --quiet -c constraints.txt -e '.[dev]' -e ./hybridflow-client
 	touch $(STAMP)
 
 venv: $(STAMP)

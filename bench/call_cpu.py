@@ -23,7 +23,7 @@ from typing import Any
 from bench.cold_start import _processes
 from bench.hops import small_config
 from bench.run import post_concurrently
-from clients.local_server import ROOT, ServeProcess
+from tests.serve_process import ROOT, ServeProcess
 
 CALLS = {
     "noop": ("/noop/call", {"kwargs": {"x": 1}}),

@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from clients.local_server import CONFIG, ServeProcess
+from tests.serve_process import CONFIG, ServeProcess
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -170,7 +170,7 @@ def bench_infer(quick: bool) -> dict[str, Any]:
     import numpy as np
 
     from bench.run import BATCH_CLIENTS, BATCH_SHAPE, bench_batching, oip_body
-    from clients.local_server import ServeProcess
+    from tests.serve_process import ServeProcess
 
     proc = ServeProcess(config=gpu_serve_config())
     started = time.perf_counter()

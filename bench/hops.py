@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 import yaml
 
-from clients.local_server import ROOT, ServeProcess
+from tests.serve_process import ROOT, ServeProcess
 
 #: ``... <request id> -- POST /v1/groups/{group}/{method} 200 12.3ms`` (proxy and replicas).
 ACCESS_LINE = re.compile(r" (?P<rid>[0-9a-f-]{36}) -- (?P<what>.+) (?P<status>\S+) (?P<ms>[0-9.]+)ms$")
@@ -154,7 +154,7 @@ def small_config(directory: Path, args: dict[str, Any] | None = None) -> Path:
         "name": "accumulators",
         "groups": [g for d in app["args"]["deployments"] for g in d["groups"] if g["name"] == "gpu_accumulator"],
     }]
-    document["applications"].append({"name": "noop", "route_prefix": "/noop", "import_path": "bench.noop_app:app"})
+    document["applications"].append({"name": "noop", "route_prefix": "/noop", "import_path": "bench.noop_app:hybridflow.http"})
     path = directory / "hops_config.yaml"
     path.write_text(yaml.safe_dump(document))
     return path

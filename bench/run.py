@@ -25,7 +25,7 @@ import yaml
 
 from bench.cold_start import cpu_seconds
 from bench.hops import breakdown
-from clients.local_server import ROOT, ServeProcess
+from tests.serve_process import ROOT, ServeProcess
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -221,7 +221,7 @@ def bench_loop_vs_thread(group: Any, n: int) -> dict[str, float]:
     """A group call from an event loop, as the controller makes it: submitted, then its
     futures awaited on the loop, against the earlier design's blocking call in a thread
     (``asyncio.to_thread``, one per call)."""
-    from deployments.supervisor import as_asyncio
+    from hybridflow.control.supervisor import as_asyncio
 
     async def on_loop() -> Any:
         pending = group.submit("m", (1,))
@@ -320,11 +320,11 @@ def bench_durable_call(quick: bool) -> dict[str, Any]:
 
     import ray
 
-    from deployments.builder import PoolSet, units
-    from deployments.config import load_config
-    from deployments.contract import CallRequest
-    from deployments.controller import GroupController
-    from deployments.placement import GpuBudget, plan_deployment
+    from hybridflow.config import load_config
+    from hybridflow.control.builder import PoolSet, units
+    from hybridflow.control.contract import CallRequest
+    from hybridflow.control.controller import GroupController
+    from hybridflow.control.placement import GpuBudget, plan_deployment
 
     group = {"name": "gpu_accumulator", "worker": "single_controller.models.tutorial_workers:GPUAccumulator",
              "read_only": ["get_value"]}
@@ -405,7 +405,7 @@ def bench_config() -> Path:
             if model["name"] == "mlp":
                 unbatched = {key: value for key, value in model.items() if key != "batching"}
                 deployment["models"].append({**unbatched, "name": "mlp_unbatched"})
-    document["applications"].append({"name": "noop", "route_prefix": "/noop", "import_path": "bench.noop_app:app"})
+    document["applications"].append({"name": "noop", "route_prefix": "/noop", "import_path": "bench.noop_app:hybridflow.http"})
     path = RESULTS / "bench_config.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
@@ -413,7 +413,7 @@ def bench_config() -> Path:
 
 def noop_only_config() -> Path:
     document = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    document["applications"] = [{"name": "noop", "route_prefix": "/noop", "import_path": "bench.noop_app:app"}]
+    document["applications"] = [{"name": "noop", "route_prefix": "/noop", "import_path": "bench.noop_app:hybridflow.http"}]
     path = RESULTS / "noop_config.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
@@ -452,7 +452,7 @@ async def _throughput(url: str, path: str, body: dict, clients: int, seconds: fl
 
 
 def safetensors_body(name: str, t: torch.Tensor) -> bytes:
-    from wire.safetensors_call import encode_safetensors
+    from hybridflow.wire.safetensors_call import encode_safetensors
 
     return encode_safetensors({name: t})
 

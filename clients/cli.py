@@ -34,8 +34,8 @@ import torch
 from tqdm import tqdm
 
 from clients.python_client import DEFAULT_TIMEOUT_S, DEFAULT_URL, ServiceError, SingleControllerClient
-from wire.dtypes import DATATYPE_OF, DATATYPES
-from wire.json_tensors import encode_json_value
+from hybridflow.wire.dtypes import DATATYPE_OF, DATATYPES
+from hybridflow.wire.json_tensors import encode_json_value
 
 T = TypeVar("T")
 

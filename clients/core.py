@@ -21,11 +21,11 @@ import httpx
 import numpy as np
 import torch
 
-from wire.dataproto import is_dataproto
-from wire.json_tensors import decode_json_value, encode_json_value
-from wire.oip_messages import HEADER_LENGTH, build_infer_request, parse_header_length, parse_infer_response
-from wire.safetensors_call import decode_output_body, encode_call_body
-from wire.strict_json import dumps_compact
+from hybridflow.wire.dataproto import is_dataproto
+from hybridflow.wire.json_tensors import decode_json_value, encode_json_value
+from hybridflow.wire.oip_messages import HEADER_LENGTH, build_infer_request, parse_header_length, parse_infer_response
+from hybridflow.wire.safetensors_call import decode_output_body, encode_call_body
+from hybridflow.wire.strict_json import dumps_compact
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",

@@ -15,9 +15,12 @@ if TYPE_CHECKING:
     import torch
     from tensordict import TensorDict, TensorDictBase
 
-    from single_controller.protocol import DataProto
+#: A batch: a TensorDict or a DataProto (single_controller.protocol, which imports this
+#: module; a DataProto is recognised by its class's module, see :func:`is_dataproto`).
+Batch = Any
 
-    Batch = TensorDictBase | DataProto
+#: The keyword a padded call carries to its ranks: how many rows dispatch added.
+PADDING_KEY = "_padding_size_key_x123d"
 
 __all__ = [
     "as_batch",

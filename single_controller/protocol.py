@@ -35,8 +35,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from single_controller import protocol_ops
-from single_controller.base.dispatch import PADDING_KEY
-from single_controller.batch import compact_tensordict
+from single_controller.batch import PADDING_KEY, compact_tensordict
 from single_controller.protocol_future import DataProtoFuture
 from single_controller.protocol_ops import *  # noqa: F403  (verl's helpers, served from here too)
 from single_controller.protocol_ops import DataProtoError, union_numpy_dict, union_tensor_dict, union_two_dict

@@ -38,9 +38,7 @@ class DataProtoFuture:
     @staticmethod
     def concat(data: list[Any]) -> DataProtoFuture:
         """A future of the concatenation of these futures' DataProtos, in order."""
-        from single_controller.protocol import DataProto
-
-        return DataProtoFuture(collect_fn=DataProto.concat, futures=list(data))
+        return DataProtoFuture(collect_fn=_concat, futures=list(data))
 
     def chunk(self, chunks: int) -> list[DataProtoFuture]:
         """``chunks`` futures, the ``i``-th of the ``i``-th chunk of this one's DataProto."""
@@ -67,3 +65,10 @@ def materialize_futures(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     new_args = tuple(v.get() if isinstance(v, DataProtoFuture) else v for v in args)
     new_kwargs = {k: (v.get() if isinstance(v, DataProtoFuture) else v) for k, v in kwargs.items()}
     return new_args, new_kwargs
+
+
+def _concat(values: list[Any]) -> Any:
+    """The values (DataProtos) concatenated by their own class, in order."""
+    if not values:
+        raise ValueError("cannot concatenate no futures")
+    return type(values[0]).concat(values)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -18,7 +18,9 @@ import torch
 if TYPE_CHECKING:
     from tensordict import TensorDictBase
 
-    from single_controller.protocol import DataProto
+#: A DataProto (these functions only use its parts, so single_controller.protocol, which
+#: imports this module, is not imported here).
+DataProtoT = TypeVar("DataProtoT")
 
 __all__ = [
     "DataProtoError",
@@ -111,7 +113,7 @@ def list_of_dict_to_dict_of_list(list_of_dict: list[dict]) -> dict[str, list]:
     return out
 
 
-def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
+def pad_dataproto_to_divisor(data: DataProtoT, size_divisor: int) -> tuple[DataProtoT, int]:
     """``(padded, pad_size)``: ``data`` followed by its own rows from the start (cyclically)
     until its length divides by ``size_divisor``. ``data`` itself is not changed."""
     if not isinstance(size_divisor, int) or size_divisor <= 0:
@@ -124,7 +126,7 @@ def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataPr
     return type(data).concat([data, extra]), pad_size
 
 
-def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
+def unpad_dataproto(data: DataProtoT, pad_size: int) -> DataProtoT:
     """``data`` without its last ``pad_size`` rows."""
     if pad_size < 0 or pad_size > len(data):
         raise DataProtoError(f"cannot drop {pad_size} rows from a DataProto of {len(data)}")
@@ -137,7 +139,7 @@ def _batch_of(tensors: dict[str, torch.Tensor], rows: int, like: TensorDictBase)
     return TensorDict(tensors, batch_size=[rows], device=like.device)
 
 
-def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
+def fold_batch_dim(data: DataProtoT, new_batch_size: int) -> DataProtoT:
     """Rows ``[bsz, ...]`` to ``[new_batch_size, bsz // new_batch_size, ...]`` (tensors and
     non-tensor arrays alike); ``new_batch_size`` must divide the length."""
     n = len(data)
@@ -151,7 +153,7 @@ def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
     return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=data.meta_info)
 
 
-def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
+def unfold_batch_dim(data: DataProtoT, batch_dims: int = 2) -> DataProtoT:
     """Merge the first ``batch_dims`` dimensions back into one batch dimension (the
     inverse of :func:`fold_batch_dim`)."""
     if batch_dims < 1:
@@ -171,7 +173,7 @@ def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
     return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=data.meta_info)
 
 
-def all_gather_data_proto(data: DataProto, process_group: Any = None) -> None:
+def all_gather_data_proto(data: DataProtoT, process_group: Any = None) -> None:
     """Replace ``data``'s rows by every rank's rows, in rank order (in place, like
     ``torch.distributed.all_gather``). Every rank must hold the same number of rows and
     the same keys; tensors travel on the process group's device (cuda for nccl)."""

@@ -54,7 +54,7 @@ def service(tmp_path_factory):
     """`serve run serve_config.yaml` as a user would start it, shared by the session
     (its cold start is the most expensive step of the suite), with fresh state in a file
     of its own (not the checkout's .hybridflow/state.db)."""
-    from clients.local_server import ServeProcess
+    from tests.serve_process import ServeProcess
 
     # Ray exports recorded metrics every 10 s by default; every 2 s here, so the tests that
     # wait for a metric to show wait less (the service is otherwise as shipped).

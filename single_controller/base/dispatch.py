@@ -22,6 +22,7 @@ from typing import Any
 
 from single_controller.base.modes import Dispatch, Mode
 from single_controller.batch import (
+    PADDING_KEY,
     batch_len,
     chunk_batch,
     concat_batches,
@@ -30,10 +31,9 @@ from single_controller.batch import (
     pad_batch,
 )
 
-#: Reserved key a dispatch function may add to its returned kwargs: the number of
-#: rows it padded, which the group strips from the collected batch. verl's name for it,
-#: so dispatch functions written for verl that set it are honoured here too.
-PADDING_KEY = "_padding_size_key_x123d"
+# PADDING_KEY (from single_controller.batch): the reserved key a dispatch function may
+# add to its returned kwargs, the number of rows it padded, which the group strips from
+# the collected batch. verl's name for it, so verl's dispatch functions are honoured too.
 
 DispatchFn = Callable[..., tuple[tuple, dict]]
 CollectFn = Callable[[Any, list], Any]

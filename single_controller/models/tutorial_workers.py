@@ -1,7 +1,7 @@
 """The tutorial's worker classes, on the device this process has (cuda, else cpu).
 
 ``GPUAccumulator`` and ``GPUAccumulatorDecorator`` also answer ``get_value``. The
-service's test actor (``deployments.transport_check``) extends ``TestActor`` with the
+service's test actor (``examples.transport_check``) extends ``TestActor`` with the
 checks the service's tests need.
 
 Every class here has ``state_dict()`` and ``load_state_dict(state)`` (torch's

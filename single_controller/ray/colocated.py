@@ -20,7 +20,7 @@ import ray
 from single_controller.base import Worker
 from single_controller.base.decorator import MAGIC_ATTR, get_method_spec
 from single_controller.base.worker_methods import public_methods, registered_methods, user_class
-from single_controller.ray.worker_group import RayClassWithInitArgs, RayWorkerGroup
+from single_controller.ray.class_with_init import RayClassWithInitArgs
 
 #: The separator between a role and a method in the fused class's method names.
 ROLE_SEPARATOR = "_"
@@ -167,7 +167,7 @@ def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> 
     return colocated
 
 
-def spawn_colocated_roles(group: RayWorkerGroup, prefix_set: Any) -> dict[str, RayWorkerGroup]:
+def spawn_colocated_roles(group: Any, prefix_set: Any) -> dict[str, Any]:
     """``group.spawn(prefix_set)`` for a group of a ``create_colocated_worker_cls`` class."""
     roles = getattr(group.ray_cls_with_init, "roles", None)
     if roles is None:

@@ -36,7 +36,6 @@ from ray.exceptions import RayTaskError
 from single_controller.base.decorator import MethodSpec
 from single_controller.base.modes import Execute
 from single_controller.base.worker_group import dispatch_arguments, split_per_rank, unpad_output
-from single_controller.ray.worker_group import RayWorkerGroup
 
 Call = tuple[str, tuple, dict] | None
 
@@ -44,7 +43,7 @@ Call = tuple[str, tuple, dict] | None
 class CompiledWorkerGroup:
     """``wg.compile()``: the methods of ``wg``, each call one compiled-graph execution."""
 
-    def __init__(self, group: RayWorkerGroup) -> None:
+    def __init__(self, group: Any) -> None:
         self.group = group
         for name, spec in group.method_specs.items():
             setattr(self, name, self._make_method(name, spec))

@@ -25,6 +25,7 @@ import ray
 
 from single_controller.base import Worker
 from single_controller.base.worker_methods import user_class
+from single_controller.ray.class_with_init import RayClassWithInitArgs
 from single_controller.ray.colocated import (
     build_roles,
     check_roles,
@@ -33,7 +34,6 @@ from single_controller.ray.colocated import (
     select_roles,
     worker_class,
 )
-from single_controller.ray.worker_group import RayClassWithInitArgs, RayWorkerGroup
 
 #: The fused class's name starts with this, then the role names (verl's naming).
 FUSED_WORKER_CLS_NAME = "FusedWorker"
@@ -111,7 +111,7 @@ def create_colocated_worker_cls_fused(class_dict: dict[str, RayClassWithInitArgs
     return fused
 
 
-def _raw_roles(group: RayWorkerGroup) -> dict[str, type]:
+def _raw_roles(group: Any) -> dict[str, type]:
     cls = group.ray_cls_with_init.cls if group.ray_cls_with_init is not None else None
     roles = getattr(user_class(cls), "raw_cls_dict", None)
     if not roles:
@@ -119,7 +119,7 @@ def _raw_roles(group: RayWorkerGroup) -> dict[str, type]:
     return roles
 
 
-def spawn_fused_roles(group: RayWorkerGroup, prefix_set: Any) -> dict[str, RayWorkerGroup]:
+def spawn_fused_roles(group: Any, prefix_set: Any) -> dict[str, Any]:
     """One group per role in ``prefix_set``, each binding that role's registered methods
     and calling them on the fused processes."""
     roles = _raw_roles(group)
@@ -131,7 +131,7 @@ def spawn_fused_roles(group: RayWorkerGroup, prefix_set: Any) -> dict[str, RayWo
     return views
 
 
-def fuse_roles(group: RayWorkerGroup, prefix_set: Any) -> None:
+def fuse_roles(group: Any, prefix_set: Any) -> None:
     """Make every role's group an attribute of ``group`` (``group.actor``)."""
     if group.wg_dict is None:
         group.wg_dict = group.spawn(prefix_set)

@@ -7,7 +7,7 @@ has ranks on both node IDs with local ranks 0, 1 on each; the tutorial answers; 
 the worker container (under load) and starting it again brings every group with ranks on
 it back; and those a guarantee covers answer 503 with Retry-After meanwhile and lose no
 acknowledged call. The journal covers a group whose controller outlives the node; the
-durable state store (issue 13, on a volume both nodes share) covers every group.
+durable state store (on a volume both nodes share) covers every group.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ OUTAGE_TIMEOUT_S = 120
 RECOVERY_TIMEOUT_S = 300
 CALL_TIMEOUT_S = 20
 
-#: The extra deployment the two-node check declares (the serve config format of issue 12).
+#: The extra deployment the two-node check declares.
 SPREAD = {
     "name": "spread",
     "groups": [
@@ -289,7 +289,7 @@ def replica_nodes() -> dict[str, list[str]]:
 
 
 def durable_state_in_use(args: dict[str, Any]) -> str | None:
-    """Where the controllers keep durable state (issue 13) that a replica restarted on the
+    """Where the controllers keep durable state that a replica restarted on the
     other node reaches: a Redis store the config names, or a state file the controllers
     have written on the volume both nodes mount; None where there is neither."""
     state = args.get("state") or {}
@@ -304,7 +304,7 @@ class WorkerLoss:
     """What happened to the groups with ranks on the worker node while it was stopped and
     started again. ``guaranteed``: the groups whose acknowledged calls must survive (and
     which must answer 503 meanwhile): their controller outlived the node (the journal's
-    guarantee), or the controllers' state is durable (issue 13's)."""
+    guarantee), or the controllers' state is durable."""
 
     probes: list[Probe]
     guaranteed: list[str]
@@ -386,7 +386,7 @@ def test_losing_the_worker_node_then_starting_it_again_brings_every_group_back(w
 def test_groups_on_the_lost_node_answer_503_with_retry_after(worker_loss):
     if not worker_loss.guaranteed:
         pytest.skip(f"no guarantee covers this layout: the controllers of {worker_loss.controller_lost} ran on "
-                    "the lost node and state is not durable (issue 13)")
+                    "the lost node and state is not durable")
     silent = [g for g in worker_loss.guaranteed if not worker_loss.answered_503[g]]
     assert not silent, f"no 503 with Retry-After within {OUTAGE_TIMEOUT_S} s of losing the worker: {silent}"
 
@@ -394,6 +394,6 @@ def test_groups_on_the_lost_node_answer_503_with_retry_after(worker_loss):
 def test_no_acknowledged_call_is_lost(worker_loss):
     if not worker_loss.guaranteed:
         pytest.skip(f"no guarantee covers this layout: the controllers of {worker_loss.controller_lost} ran on "
-                    "the lost node and state is not durable (issue 13)")
+                    "the lost node and state is not durable")
     lost = {g: worker_loss.problems[g] for g in worker_loss.guaranteed if worker_loss.problems[g]}
     assert not lost, f"acknowledged calls lost: {lost}"

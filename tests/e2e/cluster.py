@@ -13,7 +13,7 @@ from collections.abc import Callable
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from clients.local_server import ServeProcess
+from tests.serve_process import ServeProcess
 
 KILL = """
 import sys, ray

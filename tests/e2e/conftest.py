@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from clients.local_server import CONFIG, ROOT, ServeProcess
+from tests.serve_process import CONFIG, ROOT, ServeProcess
 
 TOKEN = "s3cret-token"
 

@@ -198,7 +198,7 @@ HOSTILE = [
      {"json": {"args": [[{"datatype": "FP32", "shape": [2, 2], "data": [1.0, 2.0, 3.0, 4.0]}]]}}, 422),
     ("wrong dp count", "/v1/groups/mlp/run_layer", {"json": {"args": [[1, 2]]}}, 422),
     ("extra body field", "/v1/groups/gpu_accumulator/add", {"json": {"kwargs": {}, "evil": True}}, 422),
-    # issue 11: cheap requests that must not cost much, and statuses that were wrong
+    # cheap requests that must not cost much, and statuses that were wrong
     ("no Content-Type (a cross-site post)", "/v1/groups/gpu_accumulator/add",
      {"content": b'{"kwargs": {"x": [1, 1, 1, 1]}}'}, 415),
     ("text/plain (a cross-site form)", "/v1/groups/gpu_accumulator/add",

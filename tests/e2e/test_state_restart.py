@@ -29,8 +29,8 @@ import httpx
 import pytest
 import yaml
 
-from clients.local_server import CONFIG, ServeProcess
 from tests.redis_server import start_redis
+from tests.serve_process import CONFIG, ServeProcess
 
 GROUPS = ("accumulator", "gpu_accumulator")
 ADDS = {"accumulator": {"args": [1]}, "gpu_accumulator": {"kwargs": {"x": [1, 2]}}}

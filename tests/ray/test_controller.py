@@ -14,13 +14,13 @@ import pytest
 import ray
 import torch
 
-from deployments.builder import PoolSet, units
-from deployments.config import load_config
-from deployments.contract import CallRequest, ErrorKind
-from deployments.controller import GroupController
-from deployments.durability import PendingRecord
-from deployments.placement import GpuBudget, plan_deployment
-from deployments.state_codec import decode_call
+from hybridflow.config import load_config
+from hybridflow.control.builder import PoolSet, units
+from hybridflow.control.contract import CallRequest, ErrorKind
+from hybridflow.control.controller import GroupController
+from hybridflow.control.durability import PendingRecord
+from hybridflow.control.placement import GpuBudget, plan_deployment
+from hybridflow.state.codec import decode_call
 from tests.mlp_reference import assert_close, checkpoint_mlp, write_llama_mlp_checkpoint
 
 WORKERS = "single_controller.models.tutorial_workers"
@@ -34,7 +34,7 @@ def deployment_args(checkpoint: str) -> dict:
             {"name": "acc", "worker": f"{WORKERS}:GPUAccumulator", "pool": {"process_on_nodes": [4], "name_prefix": "acc"},
              "read_only": ["get_value"]},
             # foo_custom is mutating here: its journal entries must survive the dispatch
-            {"name": "actor", "worker": "deployments.transport_check:TransportCheckActor", "init_kwargs": {"x": 2},
+            {"name": "actor", "worker": "examples.transport_check:TransportCheckActor", "init_kwargs": {"x": 2},
              "pool": {"process_on_nodes": [4], "name_prefix": "actor"}, "read_only": ["foo", "history"]},
             # a tp=2 layer whose config names layer 0 of a checkpoint
             {"name": "mlp", "worker": "single_controller.models.mlp_worker:MLPLayerWorker",

@@ -28,10 +28,10 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from deployments.config import StateConfig, load_config
-from deployments.contract import CallRequest, CallResult
-from deployments.durability import GroupDurability
-from deployments.state_store import open_store
+from hybridflow.config import StateConfig, load_config
+from hybridflow.control.contract import CallRequest, CallResult
+from hybridflow.control.durability import GroupDurability
+from hybridflow.state.store import open_store
 from tests.redis_server import start_redis
 
 GPU_ACCUMULATOR = {
@@ -66,8 +66,8 @@ class ControllerHost:
             GroupDurability.record = record_or_crash
 
     async def start(self) -> None:
-        from deployments.builder import PoolSet, units
-        from deployments.controller import GroupController
+        from hybridflow.control.builder import PoolSet, units
+        from hybridflow.control.controller import GroupController
 
         deployment, plan = self.config.deployments[0], plan_of(self.config)
         pools = PoolSet(plan, ray.util.get_current_placement_group())
@@ -118,7 +118,7 @@ def service_config(state: dict[str, Any], ranks: int) -> Any:
 
 
 def plan_of(config: Any) -> Any:
-    from deployments.placement import GpuBudget, plan_deployment
+    from hybridflow.control.placement import GpuBudget, plan_deployment
 
     return plan_deployment(config.deployments[0], config, GpuBudget(ray.cluster_resources().get("GPU", 0)))
 

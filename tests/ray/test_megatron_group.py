@@ -52,8 +52,9 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @pytest.fixture(scope="module")
-def tp4(ray_cluster):
-    pool, group = make_group(4, 4, "tp4")
+def tp4(ray_cluster, tmp_path_factory):
+    # the workers read checkpoints only under the tests' temporary directory
+    pool, group = make_group(4, 4, "tp4", checkpoint_dirs=[str(tmp_path_factory.getbasetemp())])
     yield group
     group.shutdown()
     pool.remove()

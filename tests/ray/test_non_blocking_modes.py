@@ -1,5 +1,5 @@
 """Every dispatch mode called with ``blocking=False`` on a real group answers what the
-blocking call answers once its futures are collected (issue 11: the Megatron PROTO modes
+blocking call answers once its futures are collected (the Megatron PROTO modes
 failed when collected, their layout snapshot lacking the tp/dp/pp coordinates): on a
 group that reports a 3D layout (tp=2, dp=1, pp=2 over 4 ranks, tp fastest, then dp, then
 pp) and on a MegatronRayWorkerGroup. DataProto batches: tests/ray/test_verl_api.py."""

@@ -1,16 +1,16 @@
 """The service's real FastAPI app over a stub backend that answers what an operator looks
 at: groups in several states (with rank placement), jobs, and models with statistics
-kept by the controller's own ``deployments.model_statistics``."""
+kept by the controller's own ``hybridflow.control.model_statistics``."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from app.http_app import create_app
-from app.settings import IngressSettings, ModelRoute
-from deployments import model_statistics
-from deployments.contract import ControllerError, ErrorKind, GroupSummary, MethodSummary
+from hybridflow.control import model_statistics
+from hybridflow.control.contract import ControllerError, ErrorKind, GroupSummary, MethodSummary
+from hybridflow.http.app import create_app
+from hybridflow.http.settings import IngressSettings, ModelRoute
 
 #: group -> (deployment, world size, status, last error)
 GROUPS = {

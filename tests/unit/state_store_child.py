@@ -15,8 +15,9 @@ from __future__ import annotations
 import hashlib
 import sys
 
-from deployments import state_store
-from deployments.state_store import StoredAnswer, open_store
+from hybridflow.state import store as state_store
+from hybridflow.state.backends import open_store
+from hybridflow.state.store import StoredAnswer
 
 SNAPSHOT_EVERY = 25
 

@@ -1,4 +1,4 @@
-"""The dynamic batcher (deployments.batching) on a plain event loop, no Ray: what shares a
+"""The dynamic batcher (hybridflow.control.batching) on a plain event loop, no Ray: what shares a
 batch, what a batch is, and what each request gets back. No timing assertions: the
 tests say which requests run together, never how fast."""
 
@@ -9,8 +9,8 @@ import asyncio
 import pytest
 import torch
 
-from deployments.batching import TIMER_SLACK_S, Batcher, _Waiting, run_alone
-from deployments.config import ConfigError, load_config
+from hybridflow.config import ConfigError, load_config
+from hybridflow.control.batching import TIMER_SLACK_S, Batcher, _Waiting, run_alone
 
 
 class Group:

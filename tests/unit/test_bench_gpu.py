@@ -6,7 +6,7 @@ import torch
 import yaml
 
 from bench.gpu import DATASHEET_TFLOPS, Precision, datasheet, gpu_serve_config
-from deployments.config import load_config
+from hybridflow.config import load_config
 
 
 def test_gpu_serve_config_serves_mlp_alone_at_tp1():

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments.config import ConfigError, colocations, load_config
-from deployments.placement import GpuBudget, plan_deployment
+from hybridflow.config import ConfigError, colocations, load_config
+from hybridflow.control.placement import GpuBudget, plan_deployment
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ARGS = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["args"]
@@ -106,7 +106,7 @@ BAD_CONFIGS = [
     ("not module:Class", args_with({**COUNTER, "worker": "just_a_module"}), "must be 'module:Class'"),
     ("not a Worker", args_with({**COUNTER, "worker": "single_controller.models.tutorial_workers:Accumulator"}),
      "groups[counter].worker: Accumulator is not a Worker subclass"),
-    ("not a class", args_with({**COUNTER, "worker": "deployments.config:load_config"}), "is a function, not a class"),
+    ("not a class", args_with({**COUNTER, "worker": "hybridflow.config:load_config"}), "is a function, not a class"),
     ("same_as unknown", args_with(COUNTER, {**COUNTER, "name": "view", "pool": {"same_as": "nope"}}),
      "groups[view].pool.same_as: unknown group 'nope'"),
     ("merge unknown", args_with(COUNTER, {**COUNTER, "name": "m", "pool": {"merge": ["counter", "other"]}}),
@@ -205,7 +205,7 @@ def test_auth_token_from_the_environment(monkeypatch):
 
 
 def test_controllers_in_the_ingress_take_every_pool_bundle_in_one_placement_group():
-    from deployments.placement import hosted_bundles
+    from hybridflow.control.placement import hosted_bundles
 
     config = load_config({**DEFAULT_ARGS, "controllers_in_ingress": True})
     budget = GpuBudget(0)

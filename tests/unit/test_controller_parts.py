@@ -8,10 +8,10 @@ import asyncio
 import pytest
 import torch
 
-from deployments.catalogue import EXECUTE_ALL, catalogue, per_rank_problem
-from deployments.idempotency import IdempotencyCache, IdempotencyConflict, estimate_bytes
-from deployments.journal import Journal
-from deployments.state_codec import decode_call, encode_call
+from hybridflow.control.catalogue import EXECUTE_ALL, catalogue, per_rank_problem
+from hybridflow.state.codec import decode_call, encode_call
+from hybridflow.state.idempotency import IdempotencyCache, IdempotencyConflict, estimate_bytes
+from hybridflow.state.journal import Journal
 from single_controller.models.mlp_worker import MLPLayerWorker
 from single_controller.models.tutorial_workers import (
     Accumulator,

@@ -1,4 +1,4 @@
-"""deployments.durability and the state config, without Ray: a group's scope in a real
+"""hybridflow.control.durability and the state config, without Ray: a group's scope in a real
 SQLite store (opening, mismatch, fresh starts, recorded answers), the journal's waits,
 and where the state path is resolved."""
 
@@ -11,14 +11,14 @@ import pytest
 import torch
 import yaml
 
-from deployments.config import DEFAULT_STATE_PATH, GroupConfig, StateConfig, load_config
-from deployments.contract import CallRequest, CallResult, ControllerError, ErrorKind
-from deployments.durability import GroupDurability, decode_result, encode_result, supports_snapshots
-from deployments.idempotency import IdempotencyConflict
-from deployments.journal import Journal
-from deployments.placement import GpuBudget, plan_deployment
-from deployments.state_codec import StateCodecError
-from deployments.state_store import StateMismatchError
+from hybridflow.config import DEFAULT_STATE_PATH, GroupConfig, StateConfig, load_config
+from hybridflow.control.contract import CallRequest, CallResult, ControllerError, ErrorKind
+from hybridflow.control.durability import GroupDurability, decode_result, encode_result, supports_snapshots
+from hybridflow.control.placement import GpuBudget, plan_deployment
+from hybridflow.state.codec import StateCodecError
+from hybridflow.state.idempotency import IdempotencyConflict
+from hybridflow.state.journal import Journal
+from hybridflow.state.store import StateMismatchError
 from single_controller.models.mlp_worker import MLPLayerWorker
 from single_controller.models.tutorial_workers import GPUAccumulator
 

@@ -1,4 +1,4 @@
-"""Hostile inputs: cheap requests that used to cost gigabytes, minutes or a 500 (issue 11).
+"""Hostile inputs: cheap requests that used to cost gigabytes, minutes or a 500.
 
 One table, one row per attack: its name, where the input goes (the server's body parsing
 in ``app``, or a ``wire`` function the server calls), the input, and a substring of the
@@ -23,11 +23,11 @@ import pytest
 import torch
 from safetensors.torch import save
 
-from app import call_body, oip
-from app.errors import ApiError
-from wire.json_tensors import check_json_output, decode_json_value
-from wire.limits import WireLimits
-from wire.split import split_call
+from hybridflow.http import call_body, oip
+from hybridflow.http.errors import ApiError
+from hybridflow.wire.json_tensors import check_json_output, decode_json_value
+from hybridflow.wire.limits import WireLimits
+from hybridflow.wire.split import split_call
 
 SECONDS = 0.5
 PEAK_BYTES = 8 << 20

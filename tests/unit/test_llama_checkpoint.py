@@ -214,3 +214,63 @@ def test_checkpoint_layer_size_is_bounded(file):
     assert "exceeds max_parameters 100" in _error(
         lambda: layer_spec({"checkpoint": str(file), "layer_index": 0}, tp=1, max_parameters=100)
     )
+
+
+def _linked(tmp_path: Path, with_index: bool, link: str) -> tuple[Path, Path, Path]:
+    """(an allowed directory, a checkpoint in it, the file outside it that ``link``, one of
+    the checkpoint's files, is a symlink to)."""
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    root = _sharded(allowed / "llama", with_index)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = outside / link
+    (root / link).rename(target)
+    (root / link).symlink_to(target)
+    return allowed, root, target
+
+
+@pytest.mark.parametrize(
+    ("with_index", "link"),
+    [
+        (True, "model-00002-of-00002.safetensors"),
+        (True, "model.safetensors.index.json"),
+        (False, "model-00002-of-00002.safetensors"),
+    ],
+    ids=["index-shard", "index-file", "no-index-shard"],
+)
+def test_every_file_read_resolves_inside_the_allowed_directories(tmp_path, with_index, link):
+    allowed, root, target = _linked(tmp_path, with_index, link)
+    for layer in (0, 2):
+        message = _error(lambda layer=layer: LlamaMLPCheckpoint(root, layer, allowed_dirs=[allowed]))
+        assert f"checkpoint file {root / link} (resolved: {target}) is outside the directories" in message
+        assert f"({allowed})" in message
+        assert "outside the directories" in _error(
+            lambda layer=layer: layer_spec({"checkpoint": str(root), "layer_index": layer}, 1, checkpoint_dirs=[allowed])
+        )
+    # the link's target allowed too, or no bound at all: the same checkpoint loads
+    for dirs in ([allowed, target.parent], None):
+        checkpoint = LlamaMLPCheckpoint(root, 2, allowed_dirs=dirs)
+        assert checkpoint.hidden_size == HIDDEN
+        assert torch.equal(checkpoint.read(UP, slice(0, 3)), _mlp(2)["model.layers.2.mlp.up_proj.weight"][:3])
+
+
+def test_the_named_path_resolves_inside_the_allowed_directories(tmp_path, file):
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    (allowed / "model.safetensors").symlink_to(file)
+    assert f"(resolved: {file}) is outside the directories this layer may read ({allowed})" in _error(
+        lambda: LlamaMLPCheckpoint(allowed / "model.safetensors", 0, allowed_dirs=[allowed])
+    )
+    assert f"checkpoint file {allowed}/../model.safetensors (resolved: {file}) is outside" in _error(
+        lambda: LlamaMLPCheckpoint(f"{allowed}/../model.safetensors", 0, allowed_dirs=[allowed])
+    )
+    assert "this layer may read (none)" in _error(lambda: LlamaMLPCheckpoint(file, 0, allowed_dirs=[]))
+    # a missing path outside is refused as outside, without saying whether it exists
+    assert "is outside the directories" in _error(
+        lambda: LlamaMLPCheckpoint(tmp_path / "nope.safetensors", 0, allowed_dirs=[allowed])
+    )
+    assert LlamaMLPCheckpoint(file, 0, allowed_dirs=[tmp_path]).hidden_size == HIDDEN
+    assert "allowed_dirs must be a list of directories" in _error(
+        lambda: LlamaMLPCheckpoint(file, 0, allowed_dirs=str(tmp_path))  # type: ignore[arg-type]
+    )

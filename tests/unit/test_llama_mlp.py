@@ -463,19 +463,91 @@ def test_shards_spanning_several_blocks(ranks, tmp_path_factory):
         assert all(torch.equal(rec["mid_loaded"][k], expected[k]) for k in expected)
 
 
-def test_a_served_layer_reads_checkpoints_only_from_its_directories(tmp_path):
+def _worker_main(rank: int, port: int, out_dir: str, cases: dict) -> None:
+    """One rank of tp=1: MLPLayerWorker.init_model for each case ``(worker kwargs, config)``,
+    recording None or the ValueError's message."""
+    os.environ.update(
+        RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
     from single_controller.models.mlp_worker import MLPLayerWorker
 
-    allowed = tmp_path / "models"
-    allowed.mkdir()
-    (allowed / "llama.safetensors").write_bytes(b"")
-    (tmp_path / "secret.safetensors").write_bytes(b"")
+    try:
+        results = {}
+        for name, (kwargs, config) in cases.items():
+            worker = MLPLayerWorker.__ray_actor_class__(**kwargs)
+            worker.init_megatron({"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1})
+            results[name] = _error_of(lambda worker=worker, config=config: worker.init_model(config))
+        torch.save(results, Path(out_dir) / "results.pt")
+    except BaseException:
+        (Path(out_dir) / "rank0.err").write_text(traceback.format_exc())
+        raise
+    finally:
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_a_served_layer_reads_checkpoint_files_only_from_its_directories(tmp_path, tmp_path_factory):
+    """Every file init_model reads must resolve inside the worker's checkpoint_dirs: a
+    checkpoint directory inside them whose shard, or index, links out is refused; the
+    worker's default allows no directory."""
+    from single_controller.models.mlp_worker import MLPLayerWorker
+
+    root, _ = _checkpoint(tmp_path_factory)
+    allowed, outside = tmp_path / "models", tmp_path / "elsewhere"
+    shutil.copytree(root / "sharded", allowed / "copied")
+    shutil.copytree(root / "sharded", outside / "sharded")
+    index_name = "model.safetensors.index.json"
+    shards = sorted(p.name for p in (outside / "sharded").glob("*.safetensors"))
+    linked_shard = allowed / "linked_shard"
+    shutil.copytree(root / "sharded", linked_shard)
+    (linked_shard / shards[0]).unlink()
+    (linked_shard / shards[0]).symlink_to(outside / "sharded" / shards[0])
+    linked_index = allowed / "linked_index"
+    shutil.copytree(root / "sharded", linked_index)
+    (linked_index / index_name).unlink()
+    (linked_index / index_name).symlink_to(outside / "sharded" / index_name)
+    linked_plain = allowed / "linked_plain"
+    linked_plain.mkdir()
+    for shard in shards:
+        (linked_plain / shard).symlink_to(outside / "sharded" / shard)
+    layer = {"layer_index": CHECKPOINTS["index"][1], "tp": 1}
+    served = {"checkpoint_dirs": [str(allowed)]}
+    cases = {
+        "inside": (served, {**layer, "checkpoint": str(allowed / "copied")}),
+        "linked_shard": (served, {**layer, "checkpoint": str(linked_shard)}),
+        "linked_index": (served, {**layer, "checkpoint": str(linked_index)}),
+        "linked_plain": (served, {**layer, "checkpoint": str(linked_plain)}),
+        "root_outside": (served, {**layer, "checkpoint": str(outside / "sharded")}),
+        "default": ({}, {**layer, "checkpoint": str(allowed / "copied")}),
+        "none": ({"checkpoint_dirs": None}, {**layer, "checkpoint": str(allowed / "copied")}),
+        "seeded_by_default": ({}, {"hidden_size": HIDDEN, "intermediate_size": FFN, "tp": 1}),
+    }
+    out = tmp_path / "out"
+    out.mkdir()
+    mp.start_processes(_worker_main, args=(free_port(), str(out), cases), nprocs=1, join=True, start_method="spawn")
+    errors = torch.load(out / "results.pt", weights_only=False)
+    assert errors["inside"] is None and errors["seeded_by_default"] is None
+    refused = "outside the directories this layer may read"
+    for name, path in (
+        ("linked_shard", linked_shard / shards[0]),
+        ("linked_index", linked_index / index_name),
+        ("linked_plain", linked_plain / shards[0]),
+    ):
+        assert refused in (errors[name] or ""), (name, errors[name])
+        assert str(path) in errors[name], (name, errors[name])
+    assert refused in (errors["root_outside"] or "")
+    for name in ("default", "none"):
+        assert refused in (errors[name] or "") and "(none)" in errors[name], (name, errors[name])
+    # the worker's own check of the named path, before the reader opens anything
     worker = MLPLayerWorker.__ray_actor_class__(checkpoint_dirs=[str(allowed)])
-    worker._check_checkpoint_path({"checkpoint": str(allowed / "llama.safetensors"), "layer_index": 0})
-    for outside in (tmp_path / "secret.safetensors", allowed / ".." / "secret.safetensors", "/etc"):
-        with pytest.raises(ValueError, match="outside the directories this layer may read"):
-            worker._check_checkpoint_path({"checkpoint": str(outside), "layer_index": 0})
-    closed = MLPLayerWorker.__ray_actor_class__(checkpoint_dirs=[])
-    with pytest.raises(ValueError, match=r"\(none\)"):
-        closed._check_checkpoint_path({"checkpoint": str(allowed / "llama.safetensors"), "layer_index": 0})
-    MLPLayerWorker.__ray_actor_class__()._check_checkpoint_path({"checkpoint": "/anywhere", "layer_index": 0})
+    worker._check_checkpoint_path({"checkpoint": str(allowed / "copied"), "layer_index": 0})
+    for path in (outside / "sharded", allowed / ".." / "elsewhere", "/etc"):
+        with pytest.raises(ValueError, match=refused):
+            worker._check_checkpoint_path({"checkpoint": str(path), "layer_index": 0})

@@ -10,13 +10,13 @@ import asyncio
 import pytest
 import yaml
 
-from app.errors import STATUS_OF
-from clients.local_server import CONFIG
-from deployments import metrics
-from deployments.config import load_config
-from deployments.contract import CallRequest, ControllerError, ErrorKind
-from deployments.controller import GroupController
-from deployments.placement import GpuBudget, plan_deployment
+from hybridflow.config import load_config
+from hybridflow.control import metrics
+from hybridflow.control.contract import CallRequest, ControllerError, ErrorKind
+from hybridflow.control.controller import GroupController
+from hybridflow.control.placement import GpuBudget, plan_deployment
+from hybridflow.http.errors import STATUS_OF
+from tests.serve_process import CONFIG
 
 
 @pytest.fixture(scope="module")

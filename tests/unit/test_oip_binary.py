@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from app.oip_models import InferRequest, InferResponse, ModelMetadata, ServerMetadata
-from wire.errors import WireError
-from wire.oip_messages import (
+from hybridflow.http.oip_models import InferRequest, InferResponse, ModelMetadata, ServerMetadata
+from hybridflow.wire.errors import WireError
+from hybridflow.wire.oip_messages import (
     build_infer_request,
     build_infer_response,
     parse_infer_request,

@@ -1,6 +1,6 @@
 """The OIP statistics and model repository extensions, read with tritonclient from the
 service's real app (over a stub backend whose statistics are the controller's own
-``deployments.model_statistics``), and the controller-side hook that keeps them."""
+``hybridflow.control.model_statistics``), and the controller-side hook that keeps them."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import pytest
 import torch
 import yaml
 
-from clients.local_server import CONFIG
-from deployments import model_statistics
-from deployments.config import load_config
-from deployments.contract import ErrorKind
-from deployments.controller import GroupController
-from deployments.models import ModelServer
-from deployments.placement import GpuBudget, plan_deployment
+from hybridflow.config import load_config
+from hybridflow.control import model_statistics
+from hybridflow.control.contract import ErrorKind
+from hybridflow.control.controller import GroupController
+from hybridflow.control.models import ModelServer
+from hybridflow.control.placement import GpuBudget, plan_deployment
+from tests.serve_process import CONFIG
 from tests.unit.observed_stub import MODELS, observed_app
 from tests.unit.served_app import served
 

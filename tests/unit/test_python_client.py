@@ -1,5 +1,5 @@
 """clients.python_client and clients.cli against the service's real FastAPI app
-(``app.http_app.create_app``) over a stub backend in place of the controllers (no Ray):
+(``hybridflow.http.app.create_app``) over a stub backend in place of the controllers (no Ray):
 the HTTP contract is the service's own, only what the groups answer is made up here.
 
 The blocking client and the CLI talk to it through uvicorn on 127.0.0.1; the async client
@@ -17,11 +17,9 @@ import httpx
 import pytest
 import torch
 
-from app.http_app import create_app
-from app.settings import IngressSettings, ModelRoute
 from clients import cli
 from clients.python_client import AsyncSingleControllerClient, ServiceError, SingleControllerClient
-from deployments.contract import (
+from hybridflow.control.contract import (
     CallRequest,
     CallResult,
     ControllerError,
@@ -30,9 +28,11 @@ from deployments.contract import (
     InferResult,
     MethodSummary,
 )
+from hybridflow.http.app import create_app
+from hybridflow.http.settings import IngressSettings, ModelRoute
+from hybridflow.wire.oip_messages import parse_infer_request
+from hybridflow.wire.safetensors_call import decode_safetensors
 from tests.unit.served_app import served
-from wire.oip_messages import parse_infer_request
-from wire.safetensors_call import decode_safetensors
 
 SAFETENSORS = "application/x-safetensors"
 TOKEN = "s3cret"

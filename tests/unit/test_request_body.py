@@ -1,4 +1,4 @@
-"""app.body.read_body: a request body read within its limit into one writable buffer,
+"""hybridflow.http.body.read_body: a request body read within its limit into one writable buffer,
 which the tensor decoders then view instead of copying. No server: a Starlette request
 over a receive callable that hands out chunks."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 from starlette.requests import Request
 
-from app.body import read_body
-from app.errors import ApiError
-from wire.safetensors_call import decode_call_body, encode_call_body
+from hybridflow.http.body import read_body
+from hybridflow.http.errors import ApiError
+from hybridflow.wire.safetensors_call import decode_call_body, encode_call_body
 
 
 def request_of(chunks: list[bytes], declared: int | None = None) -> tuple[Request, list[int]]:

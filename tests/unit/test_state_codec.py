@@ -1,4 +1,4 @@
-"""deployments.state_codec: journal entries, snapshots and answers to bytes and back,
+"""hybridflow.state.codec: journal entries, snapshots and answers to bytes and back,
 without pickle: exact bits for every dtype, types as documented, a ValueError naming
 the path for what it cannot store, and a ValueError for any bytes it did not write."""
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import save as safetensors_save
 
-from deployments.state_codec import (
+from hybridflow.state.codec import (
     MAX_DEPTH,
     StateCodecError,
     decode_answer,

@@ -1,4 +1,4 @@
-"""deployments.state_store: the same contract tests against every backend (in memory,
+"""hybridflow.state.store: the same contract tests against every backend (in memory,
 SQLite, Redis on a real redis-server this module starts), plus what only a durable or a
 shared backend can show: other processes writing at once, a writer SIGKILLed mid-write,
 a restarted Redis server. No Ray."""
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from deployments import state_store
-from deployments.config import StateConfig
-from deployments.state_codec import (
+from hybridflow.config import StateConfig
+from hybridflow.state import store as state_store
+from hybridflow.state.codec import (
     decode_answer,
     decode_call,
     decode_snapshot,
@@ -29,18 +29,17 @@ from deployments.state_codec import (
     encode_snapshot,
     fingerprint,
 )
-from deployments.state_store import (
+from bench.state_store import bench_record_call
+from hybridflow.state.backends import open_store
+from hybridflow.state.redis_store import RedisStateStore
+from hybridflow.state.sqlite_store import MemoryStateStore, SQLiteStateStore
+from hybridflow.state.store import (
     DEFAULT_STATE_PATH,
-    MemoryStateStore,
-    RedisStateStore,
     ScopeMeta,
-    SQLiteStateStore,
     StateMismatchError,
     StateStore,
     StateStoreUnavailable,
     StoredAnswer,
-    bench_record_call,
-    open_store,
     scope_name,
 )
 from tests.redis_server import RedisServer, redis_binary

@@ -1,4 +1,4 @@
-"""wire.json_tensors and wire.safetensors_call: OIP JSON tensor objects, walking nested values, safetensors bodies
+"""hybridflow.wire.json_tensors and hybridflow.wire.safetensors_call: OIP JSON tensor objects, walking nested values, safetensors bodies
 and the call/output naming conventions. No Ray, no server."""
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from wire.dtypes import DATATYPES
-from wire.errors import WireError
-from wire.json_tensors import (
+from hybridflow.wire.dtypes import DATATYPES
+from hybridflow.wire.errors import WireError
+from hybridflow.wire.json_tensors import (
     decode_json_value,
     encode_json_value,
     is_json_tensor,
     json_to_tensor,
     tensor_to_json,
 )
-from wire.safetensors_call import (
+from hybridflow.wire.safetensors_call import (
     decode_safetensors,
     encode_safetensors,
     pack_call,

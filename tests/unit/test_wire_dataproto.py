@@ -10,11 +10,16 @@ import numpy as np
 import pytest
 import torch
 
+from hybridflow.wire.errors import WireError
+from hybridflow.wire.json_tensors import decode_json_value, encode_json_value
+from hybridflow.wire.safetensors_call import (
+    decode_call_body,
+    decode_output_body,
+    encode_call_body,
+    encode_output_body,
+)
+from hybridflow.wire.strict_json import loads_strict
 from single_controller.protocol import DataProto
-from wire.errors import WireError
-from wire.json_tensors import decode_json_value, encode_json_value
-from wire.safetensors_call import decode_call_body, decode_output_body, encode_call_body, encode_output_body
-from wire.strict_json import loads_strict
 
 
 def sample(rows: int = 4) -> DataProto:

@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from wire.errors import WireError
-from wire.json_tensors import check_json_output, decode_json_value, json_value_count
-from wire.limits import DEFAULT_LIMITS, WireLimits
-from wire.oip_messages import parse_header_length, parse_infer_request, requested_outputs
-from wire.split import split_call
-from wire.strict_json import loads_strict, value_bound
+from hybridflow.wire.errors import WireError
+from hybridflow.wire.json_tensors import check_json_output, decode_json_value, json_value_count
+from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
+from hybridflow.wire.oip_messages import parse_header_length, parse_infer_request, requested_outputs
+from hybridflow.wire.split import split_call
+from hybridflow.wire.strict_json import loads_strict, value_bound
 
 
 def test_limits_are_positive_and_built_from_a_config_mapping():

@@ -1,0 +1,332 @@
+"""The single controller of one deployment: its groups, their calls, health and recovery.
+
+A call never raises to the caller: it answers a :class:`CallResult` whose ``error`` says
+what went wrong (``hybridflow.control.contract.ErrorKind``); the HTTP layer picks the status.
+Calls run on the replica's event loop: submitting a call to every rank happens without
+an ``await`` in between, so the loop itself keeps one order on every rank; the wait for
+the outputs is an ``await``, so calls pipeline and the health check never queues behind
+them. A mutating call is journaled in that order and acknowledged only when every rank
+applied it and the state store recorded it (``hybridflow.control.durability``); its wait runs
+as a task of its own, so a client that goes away cannot leave it applied but unjournaled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import ray
+
+from hybridflow.config import DeploymentConfig, LimitsConfig, StateConfig, import_worker
+from hybridflow.control import metrics
+from hybridflow.control.builder import Unit
+from hybridflow.control.catalogue import catalogue, per_rank_problem
+from hybridflow.control.contract import (
+    CallRequest,
+    CallResult,
+    ControllerError,
+    ErrorKind,
+    GroupSummary,
+    MethodSummary,
+)
+from hybridflow.control.durability import GroupDurability, PendingRecord, fresh_token
+from hybridflow.control.placement import DeploymentPlan
+from hybridflow.control.supervisor import (
+    READY,
+    GroupState,
+    Supervisor,
+    UnitState,
+    as_asyncio,
+    failure_of,
+    first_line,
+)
+from hybridflow.state.codec import StateCodecError
+from hybridflow.state.idempotency import IdempotencyCache, IdempotencyConflict
+from single_controller.base.dispatch import DispatchError
+from single_controller.base.worker_group import SubmitError
+from single_controller.base.worker_methods import user_class
+
+#: Seconds a client is told to wait before retrying a group that is not ready.
+RETRY_AFTER_S = 5.0
+#: Errors after which a retry may succeed: their answers are not kept for Idempotency-Key.
+TRANSIENT = frozenset({ErrorKind.UNAVAILABLE, ErrorKind.TIMEOUT})
+
+
+def _error(kind: ErrorKind, message: str, retry_after_s: float | None = None) -> ControllerError:
+    return ControllerError(kind, message, retry_after_s)
+
+
+class GroupController:
+    def __init__(
+        self,
+        deployment: DeploymentConfig,
+        plan: DeploymentPlan,
+        units: list[Unit],
+        request_timeout_s: float = 120.0,
+        health_timeout_s: float = 10.0,
+        limits: LimitsConfig | None = None,
+        state: StateConfig | None = None,
+    ) -> None:
+        """``state``: where the groups' state is kept (resolved: an absolute path); None
+        keeps it in memory."""
+        self.deployment = deployment
+        self.plan = plan
+        self.request_timeout_s = request_timeout_s
+        self.state = state or StateConfig(path=None)
+        self.store = self.state.open()
+        self._opened = False
+        limits = limits or LimitsConfig()
+        self.groups: dict[str, GroupState] = {}
+        for config in deployment.groups:
+            worker = import_worker(config.worker)
+            self.groups[config.name] = GroupState(
+                config=config,
+                methods=catalogue(worker, config.read_only),
+                worker_class=user_class(worker).__name__,
+                resource_pool=plan.describe_pool(config.name),
+                durability=GroupDurability(
+                    self.store, deployment.name, config, plan.world_size(config.name), worker,
+                    self.state.snapshot_every, request_timeout_s,
+                ),
+            )
+        self.units: list[UnitState] = []
+        for unit in units:
+            state = UnitState(unit, [self.groups[name] for name in unit.members])
+            for member in state.members:
+                member.unit = state
+            self.units.append(state)
+        self.supervisor = Supervisor(self.units, request_timeout_s, health_timeout_s, on_rebuilt=metrics.unit_rebuilt)
+        self.answers: IdempotencyCache[CallResult] = IdempotencyCache(limits.idempotency_keys, limits.idempotency_bytes)
+
+    async def open(self) -> None:
+        """Claim every group's scope in the store (a fresh start discards it first);
+        StateMismatchError, naming the group and the fix, when stored state no longer fits."""
+        token = fresh_token() if self.state.fresh else None
+        await asyncio.gather(*(state.durability.open(self.state, token) for state in self.groups.values()))
+        self._opened = True
+
+    async def start(self) -> None:
+        """Start every group with its stored state (opening the store first if
+        :meth:`open` was not called)."""
+        if not self._opened:
+            await self.open()
+        await self.supervisor.start_all()
+
+    # -- calls -------------------------------------------------------------------------
+    @metrics.observed_call
+    async def call(self, request: CallRequest) -> CallResult:
+        """Run one call. With an Idempotency-Key, a repeat of a call that got a final
+        answer gets that answer and is not applied again; the same key with another
+        body is refused."""
+        if request.idempotency_key is None:
+            return await self._call(request)
+        key = (request.group, request.method, request.idempotency_key)
+        try:
+            state = self.groups.get(request.group)
+            if state is not None and self.answers.lookup(key, request.fingerprint) is None:
+                # Not answered by this replica: maybe by an earlier one, or an earlier run.
+                try:
+                    stored = await state.durability.stored_answer(request)
+                except IdempotencyConflict:
+                    raise
+                except Exception as exc:  # unknown whether the key was answered: do not run it
+                    why = f"the state store could not be read ({type(exc).__name__})"
+                    return CallResult(error=self._unavailable(state, why))
+                if stored is not None:
+                    self.answers.store(key, *stored)
+                    return stored[1]
+            return await self.answers.run(
+                key, request.fingerprint, lambda: self._call(request), keep=lambda r: _kept(r)
+            )
+        except IdempotencyConflict as exc:
+            return CallResult(error=_error(ErrorKind.IDEMPOTENCY_CONFLICT, str(exc)))
+
+    async def _call(self, request: CallRequest) -> CallResult:
+        state = self.groups.get(request.group)
+        if state is None:
+            return CallResult(error=_error(
+                ErrorKind.UNKNOWN_GROUP, f"unknown group {request.group!r}; groups: {', '.join(self.groups)}"
+            ))
+        info = state.methods.get(request.method)
+        if info is None:
+            return CallResult(error=_error(
+                ErrorKind.UNKNOWN_METHOD,
+                f"group {request.group!r} has no callable method {request.method!r}; "
+                f"methods: {', '.join(state.methods)}",
+            ))
+        result = CallResult(dispatch_mode=info.dispatch_mode, execute_mode=info.execute_mode)
+        group = state.group
+        if state.status != READY or group is None:
+            result.error = self._unavailable(state)
+            return result
+        result.world_size = group.world_size
+        args, kwargs = list(request.args), dict(request.kwargs)
+        if not info.registered:
+            problem = per_rank_problem(request.method, group.world_size, args, kwargs)
+            if problem:
+                result.error = _error(ErrorKind.BAD_ARGUMENTS, problem)
+                return result
+        entry = record = None
+        if info.mutating:
+            entry = state.journal.begin(request.method)
+            try:  # encoded now, before any dispatch function sees the arguments
+                record = state.durability.prepare(entry, args, kwargs, request)
+            except StateCodecError as exc:
+                state.journal.abort(entry)
+                result.error = _error(ErrorKind.BAD_ARGUMENTS, f"{request.method}: the state store cannot keep {exc}")
+                return result
+        try:
+            pending = group.submit(request.method, args, kwargs)
+        except Exception as exc:
+            if entry is not None:
+                state.journal.abort(entry)
+            result.error = self._submit_failed(state, request.method, exc)
+            return result
+        settle = asyncio.ensure_future(self._settle(state, entry, record, pending, result))
+        # A client that goes away cancels this await, never the settling of the call.
+        return await asyncio.shield(settle)
+
+    async def _settle(
+        self, state: GroupState, entry: Any, record: PendingRecord | None, pending: Any, result: CallResult
+    ) -> CallResult:
+        unit = state.unit
+        generation = unit.generation
+        acknowledged = False
+        state.running += 1
+        try:
+            futures = as_asyncio(pending.futures)
+            done, waiting = await asyncio.wait(futures, timeout=self.request_timeout_s)
+            if waiting:
+                # The workers are stuck behind this call (and a mutating one may still apply):
+                # restore the group from the journal.
+                self.supervisor.recover(unit, f"{state.name}.{entry.method if entry else 'call'} timed out")
+                result.error = _error(
+                    ErrorKind.TIMEOUT, f"{state.name} did not finish within {self.request_timeout_s:g} s"
+                )
+                return result
+            failures = [failure_of(f.exception()) for f in futures if f.exception() is not None]
+            if failures:
+                lost = [message for worker_lost, message in failures if worker_lost]
+                if lost or (entry is not None and len(failures) < len(futures)) or generation != unit.generation:
+                    # A worker died, or the call applied on some ranks only: the ranks no
+                    # longer match the journal.
+                    self.supervisor.recover(unit, f"{state.name}: {(lost or [failures[0][1]])[0]}")
+                if lost:
+                    result.error = self._unavailable(state, f"a worker of group {state.name!r} was lost ({lost[0]})")
+                else:
+                    result.error = _error(ErrorKind.METHOD_RAISED, f"{state.name} raised {failures[0][1]}")
+                return result
+            try:
+                result.output = pending.collect([f.result() for f in futures])
+            except Exception as exc:  # a collect function's own error: the call itself ran
+                result.error = _error(ErrorKind.METHOD_RAISED, f"collecting the outputs failed: {failure_of(exc)[1]}")
+            if entry is not None:
+                try:  # a 2xx means durable: recorded before it is acknowledged
+                    await state.durability.record(record, result)
+                except Exception as exc:
+                    # The ranks applied a call the store may not hold: restore them from the store.
+                    self.supervisor.recover(unit, f"{state.name}: the state store did not take {entry.method} "
+                                                  f"({failure_of(exc)[1]})")
+                    result.output = None
+                    result.error = self._unavailable(
+                        state, f"the state store could not record {state.name}.{entry.method} ({type(exc).__name__})"
+                    )
+                    return result
+                state.journal.acknowledge(entry)
+                state.state_version += 1
+                acknowledged = True
+                state.durability.acknowledged(state)
+            return result
+        finally:
+            state.running -= 1
+            if entry is not None and not acknowledged:
+                state.journal.abort(entry)
+
+    def _submit_failed(self, state: GroupState, method: str, exc: Exception) -> ControllerError:
+        if isinstance(exc, SubmitError):
+            # Some ranks got the call and others did not: their state (and the order of any
+            # collective they run) no longer match, so the group is restored from the journal.
+            self.supervisor.recover(state.unit, f"{state.name}.{method} reached some ranks only: {first_line(exc)}")
+            return self._unavailable(state, f"submitting {method} to group {state.name!r} failed part way")
+        # Nothing was sent.
+        if isinstance(exc, DispatchError):
+            return _error(ErrorKind.BAD_ARGUMENTS, str(exc))
+        if isinstance(exc, (TypeError, ValueError)):  # a signature or serialisation mismatch
+            return _error(ErrorKind.BAD_ARGUMENTS, f"{method}: {failure_of(exc)[1]}")
+        return self._unavailable(state, f"{method} could not be submitted ({type(exc).__name__})")
+
+    def _unavailable(self, state: GroupState, why: str | None = None) -> ControllerError:
+        message = why or f"group {state.name!r} is {state.status}"
+        return _error(ErrorKind.UNAVAILABLE, f"{message}; retry shortly", RETRY_AFTER_S)
+
+    # -- health and description -------------------------------------------------------------
+    async def check_health(self) -> dict[str, str]:
+        return await self.supervisor.check()
+
+    def ready(self) -> dict[str, bool]:
+        return {name: state.status == READY for name, state in self.groups.items()}
+
+    def describe(self) -> list[GroupSummary]:
+        return [self._summary(state) for state in self.groups.values()]
+
+    def _summary(self, state: GroupState) -> GroupSummary:
+        group = state.group
+        layout = None
+        if group is not None and hasattr(group, "get_megatron_rank_info"):
+            layout = {"tp_size": group.tp_size, "dp_size": group.dp_size, "pp_size": group.pp_size}
+        return GroupSummary(
+            name=state.name,
+            deployment=self.deployment.name,
+            world_size=group.world_size if group is not None else None,
+            resource_pool=state.resource_pool,
+            worker_class=state.worker_class,
+            status=state.status,
+            last_error=state.unit.last_error if state.unit else None,
+            rebuilds=state.unit.rebuilds if state.unit else 0,
+            replayed_calls=state.unit.replayed if state.unit else 0,
+            journal_length=len(state.journal),
+            methods=[MethodSummary(**info.describe()) for info in state.methods.values()],
+            colocated_with=[m.name for m in state.unit.members if m is not state] if state.unit else [],
+            layout=layout,
+        )
+
+    async def describe_group(self, name: str) -> GroupSummary | None:
+        state = self.groups.get(name)
+        if state is None:
+            return None
+        summary = self._summary(state)
+        group = state.group
+        if state.status == READY and group is not None:
+            try:
+                ranks = await asyncio.wait_for(asyncio.to_thread(group.rank_info), self.request_timeout_s)
+            except Exception as exc:
+                ranks, summary.last_error = [], f"rank details unavailable: {failure_of(exc)[1]}"
+            if hasattr(group, "get_megatron_rank_info"):
+                for entry in ranks:
+                    coords = group.get_megatron_rank_info(entry["rank"])
+                    entry.update(tp_rank=coords.tp_rank, dp_rank=coords.dp_rank, pp_rank=coords.pp_rank,
+                                 cp_rank=getattr(coords, "cp_rank", 0))
+            summary.ranks = [dict(r) for r in ranks]
+        # Where the workers' actors are named, for operators (e.g. to inspect one with Ray's API).
+        summary.namespace = ray.get_runtime_context().namespace
+        return summary
+
+    def shutdown(self) -> None:
+        for unit in self.units:
+            group = unit.members[0].group
+            if group is not None:
+                try:
+                    group.shutdown()
+                except Exception:  # already gone with the replica
+                    pass
+        self.store.close()
+
+
+def _kept(result: CallResult) -> bool:
+    return result.error is None or result.error.kind not in TRANSIENT
+
+
+def summary_dict(summary: GroupSummary) -> dict[str, Any]:
+    """A summary as JSON-ready data (the ingress's answer)."""
+    return dataclasses.asdict(summary)

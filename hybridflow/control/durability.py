@@ -1,0 +1,349 @@
+"""Durable state of a served group: its scope in the state store, what is recorded when,
+when it is snapshotted, and how fresh workers get its state back.
+
+One :class:`GroupDurability` per group, used from the controller replica's event loop.
+The store (``hybridflow.state.store``) keeps, per group, the journal of acknowledged
+mutating calls, the latest snapshot and the idempotency answers; values are bytes from
+``hybridflow.state.codec`` (no pickle).
+
+What is recorded when
+    A mutating call is encoded when it is submitted (arguments the store cannot keep are
+    refused before any rank runs the call). When every rank applied it, the call (and,
+    when the request had an Idempotency-Key, its answer) is written in one transaction,
+    and only then acknowledged: journaled in memory, counted, answered 2xx. A write that
+    fails answers 503 with Retry-After, does not acknowledge the call, and restores the
+    group from the store (its workers applied a call the store may not hold). Read-only
+    calls and answers that are not a mutating call's never reach the store.
+
+Snapshots
+    A group whose worker class has ``state_dict()`` and ``load_state_dict(state)`` is
+    snapshotted every ``state.snapshot_every`` acknowledged mutating calls: ``state_dict``
+    is submitted to every rank like any call, in the group's one order, so each rank's
+    answer reflects exactly the calls numbered before it. The snapshot is kept only when
+    every one of those calls has settled and no rebuild started or ran meanwhile; then it
+    is stored (replacing the previous one) and the journal up to it is deleted, in the
+    store and in memory. Colocated roles snapshot separately. A group without those
+    methods, or whose state the codec cannot keep, keeps full replay.
+
+Restore (at start, after a replica restart or a new ``serve run``, and on every rebuild)
+    The group's fresh workers get ``load_state_dict`` with their rank's part of the
+    snapshot, then the journal after it is replayed in sequence order; the group is ready
+    when every rank ran all of it. Later calls are numbered after the stored ones.
+
+Opening a scope (before any worker starts)
+    The scope's metadata (world size, worker class, and the group's init arguments, init
+    calls and Megatron layout) is stored on first use and compared on every later one. A
+    difference is never replayed: with ``on_mismatch: error`` (the default) the replica
+    refuses to start with a :class:`StateMismatchError` naming the group, what changed
+    and the fixes; with ``on_mismatch: reset`` that group's stored state is discarded and
+    it starts clean. ``fresh`` discards every group's stored state once per Ray session
+    (``serve run`` starts one), so a replica that Serve restarts later in the same run
+    restores what was acknowledged since.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hybridflow.config import GroupConfig, StateConfig
+from hybridflow.control.catalogue import LOAD_STATE_DICT, STATE_DICT
+from hybridflow.control.contract import CallRequest, CallResult, ControllerError, ErrorKind
+from hybridflow.control.supervisor import READY, as_asyncio, failure_of
+from hybridflow.state.codec import (
+    StateCodecError,
+    decode_answer,
+    decode_call,
+    decode_snapshot,
+    encode_answer,
+    encode_call,
+    encode_snapshot,
+)
+from hybridflow.state.idempotency import IdempotencyConflict
+from hybridflow.state.journal import Entry
+from hybridflow.state.sqlite_store import SQLiteStateStore
+from hybridflow.state.store import (
+    ScopeMeta,
+    ScopeState,
+    StateMismatchError,
+    StateStore,
+    StoredAnswer,
+    scope_name,
+)
+from single_controller.base.worker_methods import user_class
+
+if TYPE_CHECKING:
+    from hybridflow.control.supervisor import GroupState
+
+logger = logging.getLogger(__name__)
+
+#: What a group's stored state depends on beyond its world size and worker class.
+FINGERPRINT_FIELDS = ("plain_actor", "init_args", "init_kwargs", "init_calls", "megatron")
+
+
+def supports_snapshots(worker_cls: Any) -> bool:
+    """Whether a worker class has both methods of the snapshot protocol."""
+    plain = user_class(worker_cls)
+    return callable(getattr(plain, STATE_DICT, None)) and callable(getattr(plain, LOAD_STATE_DICT, None))
+
+
+def group_meta(config: GroupConfig, world_size: int) -> ScopeMeta:
+    """What a group's stored state was written for. The fingerprint is readable JSON,
+    so a mismatch can say which setting changed."""
+    settings = config.model_dump(mode="json", include=set(FINGERPRINT_FIELDS))
+    return ScopeMeta(world_size, config.worker, json.dumps(settings, sort_keys=True, separators=(",", ":")))
+
+
+def describe_changes(stored: ScopeMeta, configured: ScopeMeta) -> list[str]:
+    """Each difference between what a scope was written for and the group now."""
+    changes = []
+    if stored.world_size != configured.world_size:
+        changes.append(f"world size: stored {stored.world_size}, configured {configured.world_size}")
+    if stored.worker_class != configured.worker_class:
+        changes.append(f"worker: stored {stored.worker_class!r}, configured {configured.worker_class!r}")
+    if stored.config_fingerprint != configured.config_fingerprint:
+        try:
+            before = json.loads(stored.config_fingerprint)
+        except ValueError:
+            before = {}
+        after = json.loads(configured.config_fingerprint)
+        changed = [key for key in sorted({*before, *after}) if before.get(key) != after.get(key)]
+        changes += [f"{key}: stored {before.get(key)!r}, configured {after.get(key)!r}" for key in changed]
+    return changes
+
+
+def fresh_token() -> str:
+    """What a fresh start is done once per: the Ray session (one per ``serve run``)."""
+    import ray
+
+    return ray.get_runtime_context().get_session_name()
+
+
+def encode_result(result: CallResult) -> bytes | None:
+    """A call's answer as the store keeps it for Idempotency-Key repeats; None when the
+    codec cannot keep its output (the call still counts; a repeat is told so)."""
+    error = None if result.error is None else [result.error.kind.value, result.error.message]
+    try:
+        return encode_answer({
+            "output": result.output, "error": error, "dispatch_mode": result.dispatch_mode,
+            "execute_mode": result.execute_mode, "world_size": result.world_size,
+        })
+    except StateCodecError:
+        return None
+
+
+def decode_result(data: bytes) -> CallResult:
+    stored = decode_answer(data)
+    error = stored["error"]
+    return CallResult(
+        output=stored["output"],
+        error=None if error is None else ControllerError(ErrorKind(error[0]), error[1]),
+        dispatch_mode=stored["dispatch_mode"], execute_mode=stored["execute_mode"], world_size=stored["world_size"],
+    )
+
+
+@dataclass(frozen=True)
+class PendingRecord:
+    """A mutating call encoded at submission, written when every rank applied it."""
+
+    seq: int
+    method: str
+    call: bytes
+    idempotency_key: str | None
+    fingerprint: str | None
+
+
+async def _run_on_every_rank(futures: list[Any]) -> list[Any]:
+    return list(await asyncio.gather(*as_asyncio(futures)))
+
+
+class GroupDurability:
+    """One group's scope in the store (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        deployment: str,
+        config: GroupConfig,
+        world_size: int,
+        worker_cls: Any,
+        snapshot_every: int,
+        request_timeout_s: float,
+    ) -> None:
+        self.store = store
+        self.group = config.name
+        self.deployment = deployment
+        self.scope = scope_name(deployment, config.name)
+        self.meta = group_meta(config, world_size)
+        self.snapshots = supports_snapshots(worker_cls)
+        self.snapshot_every = snapshot_every if self.snapshots else 0
+        self.request_timeout_s = request_timeout_s
+        #: A SQLite write of one call takes well under a millisecond: done on the loop.
+        #: Other backends' calls go over the network and run in a thread.
+        self._inline = isinstance(store, SQLiteStateStore)
+        self._opened: ScopeState | None = None
+        self._since_snapshot = 0
+        self._snapshot_task: asyncio.Task | None = None
+        #: The latest stored snapshot's sequence number (0: none yet).
+        self.snapshot_seq = 0
+
+    # -- opening ---------------------------------------------------------------------
+    async def open(self, state: StateConfig, token: str | None) -> None:
+        """Claim the scope before the group's workers start (see "Opening a scope")."""
+        await asyncio.to_thread(self._open, state, token)
+
+    def _open(self, state: StateConfig, token: str | None) -> None:
+        if state.fresh and token is not None and self.store.reset(self.scope, once_per=token):
+            logger.warning("%s: fresh start, the stored state of this group was discarded", self.scope)
+        try:
+            self._opened = self.store.open_scope(self.scope, self.meta)
+        except StateMismatchError:
+            stored = self.store.meta(self.scope)
+            changes = describe_changes(stored, self.meta) if stored is not None else ["unknown"]
+            if state.on_mismatch != "reset":
+                raise StateMismatchError(self._mismatch_message(state, changes)) from None
+            logger.warning("%s: stored state discarded (on_mismatch: reset): %s", self.scope, "; ".join(changes))
+            self.store.reset(self.scope)
+            self._opened = self.store.open_scope(self.scope, self.meta)
+        self.snapshot_seq = self._opened.snapshot_seq
+
+    def _mismatch_message(self, state: StateConfig, changes: list[str]) -> str:
+        return (
+            f"group {self.group!r} of deployment {self.deployment!r}: the stored state in {state.location} was "
+            f"written for another shape of this group ({'; '.join(changes)}), and replaying it would rebuild the "
+            "wrong state. Put the config back as it was, or discard the stored state: start with `make "
+            "serve-fresh` (SC_STATE_FRESH=1) or `state: {fresh: true}` for every group, or set "
+            "`state: {on_mismatch: reset}` for the groups that no longer fit"
+        )
+
+    # -- restore ---------------------------------------------------------------------
+    async def restore(self, member: GroupState) -> int:
+        """Give the member's fresh workers the stored state (see "Restore"); returns how
+        many journaled calls were replayed."""
+        stored, self._opened = self._opened, None
+        if stored is None:
+            stored = await asyncio.to_thread(self.store.load, self.scope)
+        group = member.group
+        if stored.snapshot is not None:
+            ranks = await asyncio.to_thread(decode_snapshot, stored.snapshot)
+            if len(ranks) != group.world_size:
+                raise StateMismatchError(
+                    f"{self.scope}: the stored snapshot has {len(ranks)} ranks, the group {group.world_size}"
+                )
+            await _run_on_every_rank(group.execute_all_async(LOAD_STATE_DICT, ranks))
+        # each call decoded into objects of its own: a dispatch function may change them
+        calls = await asyncio.to_thread(lambda: [decode_call(data) for _, data in stored.entries])
+        member.journal.reload([seq for seq, _ in stored.entries], stored.last_seq + 1)
+        self.snapshot_seq = stored.snapshot_seq
+        self._since_snapshot = len(calls)
+        pending = [group.submit(method, args, kwargs) for method, args, kwargs in calls]
+        await _run_on_every_rank([future for call in pending for future in call.futures])
+        return len(calls)
+
+    # -- recording -------------------------------------------------------------------
+    def prepare(
+        self, entry: Entry, args: Sequence[Any], kwargs: Mapping[str, Any], request: CallRequest
+    ) -> PendingRecord:
+        """Encode a mutating call before it is submitted, so that what is replayed is what
+        the caller sent, whatever a dispatch function does to its arguments afterwards
+        (StateCodecError: arguments the store cannot keep)."""
+        return PendingRecord(
+            entry.seq, entry.method, encode_call(entry.method, args, kwargs),
+            request.idempotency_key, request.fingerprint,
+        )
+
+    async def record(self, record: PendingRecord, result: CallResult) -> None:
+        """Write an applied call (and its answer, under its Idempotency-Key) before it is
+        acknowledged. Raises whatever the store raised: the call is then not durable."""
+        answer = None
+        if record.idempotency_key is not None:
+            key = _answer_key(record.method, record.idempotency_key)
+            answer = StoredAnswer(key, record.fingerprint or "", encode_result(result))
+        if self._inline:
+            self.store.record_call(self.scope, record.seq, record.call, answer)
+        else:
+            await asyncio.to_thread(self.store.record_call, self.scope, record.seq, record.call, answer)
+
+    async def stored_answer(self, request: CallRequest) -> tuple[str | None, CallResult] | None:
+        """The answer a call under this Idempotency-Key got before (in an earlier replica
+        or run): its fingerprint and result, or None. IdempotencyConflict when the key came
+        with another body."""
+        key = _answer_key(request.method, request.idempotency_key)
+        stored = await asyncio.to_thread(self.store.get_answer, self.scope, key)
+        if stored is None:
+            return None
+        fingerprint = stored.fingerprint or None
+        if fingerprint is not None and request.fingerprint is not None and fingerprint != request.fingerprint:
+            raise IdempotencyConflict(
+                f"Idempotency-Key {request.idempotency_key!r} was used with a different request body"
+            )
+        if stored.answer is None:
+            return fingerprint, CallResult(error=ControllerError(
+                ErrorKind.NOT_ENCODABLE,
+                f"the call under Idempotency-Key {request.idempotency_key!r} was applied, but its answer was too "
+                "large (or of a kind) to keep, so it cannot be repeated",
+            ))
+        return fingerprint, decode_result(stored.answer)
+
+    # -- snapshots -------------------------------------------------------------------
+    def acknowledged(self, member: GroupState) -> None:
+        """Count an acknowledged call; every ``snapshot_every`` of them, take a snapshot."""
+        if not self.snapshot_every:
+            return
+        self._since_snapshot += 1
+        if self._since_snapshot >= self.snapshot_every and (self._snapshot_task is None or self._snapshot_task.done()):
+            self._since_snapshot = 0
+            self._snapshot_task = asyncio.get_running_loop().create_task(self._snapshot(member))
+
+    async def _snapshot(self, member: GroupState) -> None:
+        unit, group = member.unit, member.group
+        if member.status != READY or group is None:
+            return
+        generation = unit.generation
+        seq = member.journal.next_seq - 1
+        if seq <= self.snapshot_seq:
+            return
+        # Submitted now, with no await since seq was read: every rank runs it after the
+        # calls numbered <= seq and before any later one.
+        futures = as_asyncio(group.execute_all_async(STATE_DICT))
+        member.running += 1
+        try:
+            _, waiting = await asyncio.wait(futures, timeout=self.request_timeout_s)
+        finally:
+            member.running -= 1
+        failed = [f.exception() for f in futures if f.done() and f.exception() is not None]
+        if waiting or failed:
+            reason = "timed out" if waiting else failure_of(failed[0])[1]
+            logger.warning("%s: snapshot skipped, state_dict %s", self.scope, reason)
+            return
+        if not await member.journal.settled_through(seq, self.request_timeout_s + 10):
+            return
+        if unit.generation != generation or member.status != READY:
+            return  # a rebuild started or ran: the ranks may hold calls that were not acknowledged
+        try:
+            blob = await asyncio.to_thread(encode_snapshot, [f.result() for f in futures])
+        except StateCodecError as exc:
+            logger.warning("%s: state_dict() returns what the store cannot keep (%s); full replay from now", self.scope, exc)
+            self.snapshot_every = 0
+            return
+        try:
+            await asyncio.to_thread(self.store.store_snapshot, self.scope, seq, blob)
+        except Exception as exc:  # the journal still holds every call: nothing is lost, a later one retries
+            logger.warning("%s: storing the snapshot at %d failed: %s", self.scope, seq, failure_of(exc)[1])
+            return
+        self.snapshot_seq = seq
+        member.journal.truncate(seq)
+
+    async def snapshot_settled(self) -> None:
+        """Wait for a snapshot being taken (tests and benchmarks)."""
+        if self._snapshot_task is not None:
+            await asyncio.shield(self._snapshot_task)
+
+
+def _answer_key(method: str, key: str) -> str:
+    """An Idempotency-Key in a group's scope (the in-memory cache keys by method too)."""
+    return f"{method}/{key}"

@@ -1,0 +1,39 @@
+"""The FastAPI application of the ingress, built around a backend (the controllers' Serve
+handles in the service; anything with the same methods in tests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+from hybridflow.http import oip
+from hybridflow.http.backend import Backend
+from hybridflow.http.errors import install_error_handlers
+from hybridflow.http.routes import docs, groups, health, jobs, login, oip_extensions, status_page
+from hybridflow.http.routes import oip as oip_routes
+from hybridflow.http.settings import IngressSettings
+
+
+def create_app(backend: Backend, settings: IngressSettings | dict[str, Any]) -> FastAPI:
+    """The HTTP API over ``backend``: health probes, groups and calls, jobs, OIP v2 with
+    its statistics and repository extensions, the status page, login and docs."""
+    app = FastAPI(
+        title="HybridFlow single controller",
+        version=oip.SERVER_VERSION,
+        description="Worker groups of the verl single-controller pattern, driven over HTTP.",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.backend = backend
+    app.state.settings = IngressSettings.model_validate(settings)
+    install_error_handlers(app)
+    routers = (
+        health.router, oip_routes.probes, groups.router, jobs.router,
+        oip_extensions.router,  # before the core OIP routes: /v2/models/stats is not a model
+        oip_routes.router, status_page.router, login.router, docs.router,
+    )
+    for router in routers:
+        app.include_router(router)
+    return app

@@ -1,0 +1,54 @@
+"""Open Inference Protocol (KServe v2) messages on the HTTP side: the request parsed and
+checked (its requested outputs too) before any model runs, the answer built with the
+binary tensor data extension."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from hybridflow.http.errors import ApiError
+from hybridflow.wire.errors import WireError
+from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
+from hybridflow.wire.oip_messages import build_infer_response, parse_infer_request, requested_outputs
+
+SERVER_NAME = "hybridflow-single-controller"
+SERVER_VERSION = "0.2.0"
+#: Triton's names: the binary tensor data, statistics and model repository extensions
+#: (the repository's load and unload answer 400: the serve config fixes the models).
+EXTENSIONS = ["binary_tensor_data", "statistics", "model_repository"]
+
+
+def parse_request(
+    body: bytes, header_length: str | None, limits: WireLimits = DEFAULT_LIMITS
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    try:
+        return parse_infer_request(body, header_length, limits)
+    except WireError as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+def chosen_outputs(model: str, request: dict[str, Any], names: Sequence[str]) -> tuple[list[str], set[str]]:
+    """The outputs to answer and those to send as binary; 400 for an output the model
+    does not have (asked before the model runs)."""
+    try:
+        return requested_outputs(request, names)
+    except WireError as exc:
+        raise ApiError(400, f"model {model!r}: {exc}") from None
+
+
+def response(
+    model: str, request: dict[str, Any], chosen: list[str], binary: set[str], outputs: dict[str, Any],
+    batch_size: int = 1,
+) -> tuple[bytes, int | None]:
+    """The answer's body; one that shared its group call with other requests says with how
+    many in ``parameters.batch_size``."""
+    parameters = {"batch_size": batch_size} if batch_size > 1 else None
+    try:
+        return build_infer_response(
+            model, "1", {n: outputs[n] for n in chosen}, binary, id=request.get("id"), parameters=parameters
+        )
+    except WireError as exc:
+        raise ApiError(500, f"cannot encode the answer: {exc}") from None

@@ -1,0 +1,72 @@
+"""What every router reads from the app: the backend, the settings, and the body of a call."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from fastapi import Request
+
+from hybridflow.control.contract import CallRequest
+from hybridflow.http.backend import Backend
+from hybridflow.http.body import JSON, SAFETENSORS, body_kind, fingerprint, read_body
+from hybridflow.http.call_body import parse_call_body
+from hybridflow.http.errors import ApiError
+from hybridflow.http.schemas import ErrorResponse
+from hybridflow.http.settings import IngressSettings
+
+T = TypeVar("T")
+
+#: Bodies (and answers) this large are decoded (and encoded) off the event loop, so one
+#: large request never stalls the others.
+OFF_LOOP_BYTES = 256 * 1024
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": text}
+    for code, text in {
+        400: "malformed body",
+        401: "missing or wrong bearer token",
+        404: "unknown group, method, model or job",
+        406: "the answer cannot be sent in the form asked for (Accept)",
+        409: "job not finished",
+        413: "body over the size limit",
+        415: "unsupported Content-Type",
+        422: "arguments that do not fit the method, or the method raised",
+        429: "too many jobs waiting",
+        503: "group not ready or rebuilding after a worker died (see Retry-After)",
+        504: "call ran past the request timeout",
+    }.items()
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: ERRORS[code] for code in codes}
+
+
+def backend(request: Request) -> Backend:
+    return request.app.state.backend
+
+
+def settings(request: Request) -> IngressSettings:
+    return request.app.state.settings
+
+
+async def off_loop(size: int, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, in a thread when ``size`` bytes make it worth leaving the loop."""
+    if size >= OFF_LOOP_BYTES:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
+
+
+async def call_request(request: Request, group: str, method: str) -> CallRequest:
+    """The call a request asks for: its group checked against the route table before its
+    body is read, the body read within the limit and decoded off the loop when large."""
+    config = settings(request)
+    if config.deployment_of(group) is None:
+        raise ApiError(404, f"unknown group {group!r}; groups: {', '.join(sorted(config.groups))}")
+    kind = body_kind(request, (JSON, SAFETENSORS))
+    body = await read_body(request, config.max_body_bytes)
+    args, kwargs = await off_loop(len(body), parse_call_body, kind, body, config.wire_limits())
+    key = request.headers.get("idempotency-key") or None
+    return CallRequest(group, method, args, kwargs, key, fingerprint(kind, body) if key else None)

@@ -1,0 +1,28 @@
+"""The HTTP ingress: a Serve deployment serving :func:`hybridflow.http.app.create_app` over the
+controllers' handles (one hop from the ingress to the controller that owns a group)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from fastapi import FastAPI
+from ray import serve
+
+from hybridflow.http.app import create_app
+from hybridflow.http.settings import IngressSettings
+from hybridflow.serve.backend import ServeBackend
+
+
+@serve.deployment(name="ingress", max_ongoing_requests=256)
+@serve.ingress()
+class Ingress:
+    def __init__(self, controllers: dict[str, Any], settings: dict[str, Any], jobs: Any = None) -> None:
+        # Ray warns on every zero-copy send (see hybridflow.serve.application.INGRESS_RUNTIME_ENV):
+        # the ingress never writes to the tensors it sends, which is what the warning is about.
+        warnings.filterwarnings("ignore", message="Zero-copy tensor serialization is enabled")
+        self.settings = IngressSettings.model_validate(settings)
+        self.backend = ServeBackend(controllers, self.settings, jobs)
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return create_app(self.backend, self.settings)

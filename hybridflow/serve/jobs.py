@@ -1,0 +1,180 @@
+"""Long calls as jobs: a call submitted here answers at once with an id and runs in the
+background; its state (status, progress, result) lives in this deployment, outside the
+ingress, so it survives an ingress replica restarting.
+
+A job may ``split`` its input: every tensor of its dp-list argument (as MEGATRON_COMPUTE
+takes) is cut into that many pieces along dim 0, the pieces run one after another
+(progress = pieces done / pieces) and the outputs are concatenated along dim 0. Only for
+read-only methods whose output rows depend on their input rows alone, such as the MLP
+layer: a mutating method's pieces would be applied in part when a piece fails or the job
+is cancelled. Cancelling ends the job at once and starts no further piece; a call already
+on the workers finishes there and, when it changes state, is journaled like any
+acknowledged call (the controller settles it whoever stopped waiting).
+
+Bounded: ``jobs_running`` at once, ``jobs_queued`` waiting (more are refused), and the
+finished ones kept by count and by their results' bytes, oldest dropped first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from ray import serve
+
+from hybridflow.config import LimitsConfig
+from hybridflow.control.contract import CallRequest, CallResult, ControllerError, ErrorKind
+from hybridflow.control.supervisor import first_line
+from hybridflow.state.idempotency import estimate_bytes
+from hybridflow.wire.errors import WireError
+from hybridflow.wire.split import SplitCall, split_call
+
+
+@dataclass
+class Job:
+    id: str
+    request: CallRequest
+    controller: str
+    split: int
+    status: str = "queued"  # queued | running | succeeded | failed | cancelled
+    progress: float = 0.0
+    error: str | None = None
+    error_kind: str | None = None
+    cancel_requested: bool = False
+    submitted_at: float = field(default_factory=time.time)
+    started_at: float | None = None
+    finished_at: float | None = None
+    outcome: CallResult | None = None
+    result_bytes: int = 0
+    task: asyncio.Task | None = None
+
+    def describe(self) -> dict[str, Any]:
+        now = time.time()
+        return {
+            "id": self.id,
+            "group": self.request.group,
+            "method": self.request.method,
+            "status": self.status,
+            "progress": round(self.progress, 4),
+            "split": self.split,
+            "error": self.error,
+            "error_kind": self.error_kind,
+            "cancel_requested": self.cancel_requested,
+            "submitted_at": self.submitted_at,
+            "elapsed_s": round((self.finished_at or now) - (self.started_at or now), 3),
+        }
+
+
+def join_outputs(outputs: list[Any]) -> Any:
+    """Concatenate the pieces' outputs (lists of tensors, one per dp rank) along dim 0."""
+    if len(outputs) == 1:
+        return outputs[0]
+    return [torch.cat([piece[i] for piece in outputs], dim=0) for i in range(len(outputs[0]))]
+
+
+@serve.deployment(name="jobs", max_ongoing_requests=256, ray_actor_options={"num_cpus": 0.05})
+class JobsDeployment:
+    def __init__(
+        self, controllers: dict[str, Any] | None, read_only: dict[str, list[str]], limits: dict[str, Any] | None = None
+    ) -> None:
+        self.controllers = controllers
+        self.read_only = {group: set(methods) for group, methods in read_only.items()}
+        self.limits = LimitsConfig.model_validate(limits or {})
+        self.jobs: dict[str, Job] = {}
+        self._slots = asyncio.Semaphore(self.limits.jobs_running)
+
+    async def submit(self, controller: str, request: CallRequest, split: int = 1) -> dict[str, Any] | ControllerError:
+        if split > 1 and request.method not in self.read_only.get(request.group, set()):
+            return ControllerError(
+                ErrorKind.BAD_ARGUMENTS,
+                f"split runs pieces one after another: only read-only methods may be split, and "
+                f"{request.group}.{request.method} changes state",
+            )
+        try:
+            pieces = split_call(request.args, request.kwargs, split, self.limits.wire())
+        except WireError as exc:
+            return ControllerError(ErrorKind.BAD_ARGUMENTS, str(exc))
+        queued = sum(1 for job in self.jobs.values() if job.status == "queued")
+        if queued >= self.limits.jobs_queued:
+            return ControllerError(
+                ErrorKind.OVER_LIMIT, f"{queued} jobs are waiting already; retry later", retry_after_s=5.0
+            )
+        job = Job(id=uuid.uuid4().hex, request=request, controller=controller, split=split)
+        self.jobs[job.id] = job
+        job.task = asyncio.get_running_loop().create_task(self._run(job, pieces))
+        return job.describe()
+
+    async def _run(self, job: Job, pieces: SplitCall) -> None:
+        async with self._slots:
+            if job.cancel_requested:
+                job.finished_at, job.task = time.time(), None
+                return
+            job.status, job.started_at = "running", time.time()
+            handle = self._controller(job.controller)
+            request, outputs, outcome = job.request, [], None
+            try:
+                for index, (args, kwargs) in enumerate(pieces):
+                    piece = CallRequest(request.group, request.method, args, kwargs)
+                    outcome = await handle.call.remote(piece)
+                    if outcome.error is not None:
+                        job.status, job.error = "failed", outcome.error.message
+                        job.error_kind = outcome.error.kind.value
+                        return
+                    outputs.append(outcome.output)
+                    job.progress = (index + 1) / job.split
+                outcome.output = join_outputs(outputs)
+                job.outcome, job.result_bytes = outcome, estimate_bytes(outcome.output)
+                job.status = "succeeded"
+            except asyncio.CancelledError:
+                job.status = "cancelled"
+            except Exception as exc:  # keep the job record; say what happened, no traceback
+                job.status, job.error = "failed", f"{type(exc).__name__}: {first_line(exc)}"
+                job.error_kind = ErrorKind.UNAVAILABLE.value
+            finally:
+                job.finished_at, job.task = time.time(), None
+                job.request = CallRequest(request.group, request.method)  # its tensors are no longer needed
+                self._forget_old()
+
+    def _controller(self, name: str) -> Any:
+        """The handle that runs ``name``'s calls: its controller replica's, or, where the
+        ingress hosts the controllers (``controllers`` is None), the ingress's."""
+        if self.controllers is None:
+            self.controllers = {}
+        if name not in self.controllers:
+            self.controllers[name] = serve.get_deployment_handle("ingress", serve.get_replica_context().app_name)
+        return self.controllers[name]
+
+    def _forget_old(self) -> None:
+        finished = sorted((j for j in self.jobs.values() if j.finished_at is not None), key=lambda j: j.finished_at)
+        kept_bytes = sum(j.result_bytes for j in finished)
+        while finished and (len(finished) > self.limits.jobs_kept or kept_bytes > self.limits.jobs_result_bytes):
+            old = finished.pop(0)
+            kept_bytes -= old.result_bytes
+            self.jobs.pop(old.id, None)
+
+    async def status(self, job_id: str) -> dict[str, Any] | None:
+        job = self.jobs.get(job_id)
+        return None if job is None else job.describe()
+
+    async def result(self, job_id: str) -> dict[str, Any] | None:
+        job = self.jobs.get(job_id)
+        return None if job is None else {"job": job.describe(), "outcome": job.outcome}
+
+    async def cancel(self, job_id: str) -> dict[str, Any] | None:
+        """End the job: no further piece starts (one on the workers finishes there)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None
+        if job.status in ("queued", "running"):
+            job.cancel_requested = True
+            job.status = "cancelled"
+            if job.task is not None and job.started_at is not None:
+                job.task.cancel()
+        return job.describe()
+
+    async def list_jobs(self) -> list[dict[str, Any]]:
+        return [job.describe() for job in self.jobs.values()]

@@ -1,0 +1,192 @@
+"""verl's DataProto on the wire, never pickled: its batch tensors travel as tensors (in
+safetensors, or as JSON tensor objects in a JSON body), its non-tensor arrays and
+``meta_info`` as JSON: strings, numbers, booleans, null, lists and objects of those, and
+numpy arrays of them (``dtype=object`` included).
+
+One JSON document describes a DataProto apart from its tensors::
+
+    {"rows": 4,
+     "batch": ["input_ids", "mask"],                   # its tensors' names, in order
+     "non_tensor_batch": {"uid": {"dtype": "object", "shape": [4], "data": ["a", "b", "c", "d"]}},
+     "meta_info": {"temperature": 0.7}}
+
+In safetensors the document is the string metadata under the DataProto's path (an
+argument name, or ``output``...) and its tensors are named ``<path>@<key>``; in a JSON
+body a DataProto is ``{"__dataproto__": {<the document>, "batch": {key: tensor object}}}``.
+Every count and shape is checked before anything is built. Building a DataProto needs
+the ``single_controller`` library (tensordict); the rest of ``wire`` does not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridflow.wire.errors import WireError
+from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
+
+__all__ = [
+    "JSON_MARKER",
+    "MEMBER",
+    "build_dataproto",
+    "dataproto_document",
+    "is_dataproto",
+]
+
+#: The key that marks a DataProto in a JSON body.
+JSON_MARKER = "__dataproto__"
+#: Between a DataProto's path and a tensor's key in safetensors names.
+MEMBER = "@"
+_DOCUMENT_KEYS = frozenset({"rows", "batch", "non_tensor_batch", "meta_info"})
+#: numpy dtypes a non-tensor array may have (object arrays hold JSON values).
+_ARRAY_KINDS = "biufUO"
+
+
+def is_dataproto(value: Any) -> bool:
+    """True for a verl DataProto (looked up without importing the library)."""
+    cls = type(value)
+    return cls.__name__ == "DataProto" and cls.__module__.startswith("single_controller.protocol")
+
+
+# -- JSON values inside non-tensor arrays and meta_info ----------------------------------
+
+
+def _plain(value: Any, where: str, depth: int, limits: WireLimits) -> Any:
+    """A JSON-ready copy of a value made of JSON's own types (numpy scalars and arrays
+    of them allowed)."""
+    if depth > limits.max_depth:
+        raise WireError(f"{where}: nests deeper than {limits.max_depth} levels")
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        if not math.isfinite(value):
+            raise WireError(f"{where}: {value} has no JSON form")
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.ndarray):
+        return _plain(value.tolist(), where, depth + 1, limits)
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise WireError(f"{where}: key {key!r:.40} is not a string")
+            out[key] = _plain(item, f"{where}.{key}", depth + 1, limits)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(item, f"{where}[{i}]", depth + 1, limits) for i, item in enumerate(value)]
+    raise WireError(
+        f"{where} is a {type(value).__name__}; a DataProto's non-tensor data and meta_info travel as JSON "
+        "(strings, numbers, booleans, null, lists, objects)"
+    )
+
+
+def _array_document(array: np.ndarray, where: str, limits: WireLimits) -> dict[str, Any]:
+    if array.dtype.kind not in _ARRAY_KINDS:
+        raise WireError(f"{where}: a numpy array of dtype {array.dtype} has no JSON form")
+    if array.size > limits.max_json_values:
+        raise WireError(f"{where}: {array.size} values, over limits.max_json_values")
+    dtype = "object" if array.dtype.kind in "OU" else array.dtype.str
+    flat = [_plain(item, f"{where}[{i}]", 1, limits) for i, item in enumerate(array.reshape(-1).tolist())]
+    return {"dtype": dtype, "shape": list(array.shape), "data": flat}
+
+
+def _array(document: Any, where: str, limits: WireLimits) -> np.ndarray:
+    if not isinstance(document, Mapping) or set(document) != {"dtype", "shape", "data"}:
+        raise WireError(f"{where} must be an object with dtype, shape and data")
+    shape, data, dtype = document["shape"], document["data"], document["dtype"]
+    if not isinstance(shape, list) or not shape or len(shape) > limits.max_ndim or not all(
+        isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= limits.max_tensor_elements for d in shape
+    ):
+        raise WireError(f"{where}: shape must be a list of sizes with a row axis, got {shape!r:.80}")
+    if not isinstance(data, list):
+        raise WireError(f"{where}: data must be a flat list")
+    count = 1
+    for d in shape:
+        count *= d
+        if count > limits.max_json_values:
+            raise WireError(f"{where}: shape {shape} holds more than limits.max_json_values values")
+    if len(data) != count:
+        raise WireError(f"{where}: data has {len(data)} values but shape {shape} needs {count}")
+    if dtype == "object":
+        array = np.empty(count, dtype=object)
+        for i, item in enumerate(data):
+            array[i] = item
+        return array.reshape(shape)
+    try:
+        numpy_dtype = np.dtype(dtype)
+    except TypeError:
+        raise WireError(f"{where}: unknown dtype {dtype!r:.40}") from None
+    if numpy_dtype.kind not in "biuf":
+        raise WireError(f"{where}: dtype {dtype!r:.40} must be numeric or 'object'")
+    try:
+        return np.asarray(data, dtype=numpy_dtype).reshape(shape)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise WireError(f"{where}: {exc}") from None
+
+
+# -- whole DataProtos -------------------------------------------------------------------
+
+
+def dataproto_document(data: Any, where: str, limits: WireLimits = DEFAULT_LIMITS) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A DataProto as its JSON document and its batch tensors by key."""
+    tensors: dict[str, torch.Tensor] = {}
+    if data.batch is not None:
+        for key in data.batch.keys():
+            value = data.batch[key]
+            if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+                raise WireError(f"{where}.batch: only flat string keys of tensors travel, got {key!r:.40}")
+            tensors[key] = value
+    document = {
+        "rows": len(data),
+        "batch": list(tensors),
+        "non_tensor_batch": {
+            key: _array_document(value, f"{where}.non_tensor_batch.{key}", limits)
+            for key, value in data.non_tensor_batch.items()
+        },
+        "meta_info": _plain(data.meta_info, f"{where}.meta_info", 0, limits),
+    }
+    return document, tensors
+
+
+def build_dataproto(
+    document: Any, tensors: Mapping[str, torch.Tensor], where: str, limits: WireLimits = DEFAULT_LIMITS
+) -> Any:
+    """The DataProto a document and its tensors describe; :class:`WireError` for a
+    document that does not fit them (names, row counts, shapes, types)."""
+    if not isinstance(document, Mapping) or set(document) != _DOCUMENT_KEYS:
+        raise WireError(f"{where}: a DataProto is an object with exactly {sorted(_DOCUMENT_KEYS)}")
+    rows, names = document["rows"], document["batch"]
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+        raise WireError(f"{where}.rows must be a non-negative integer")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+        raise WireError(f"{where}.batch must list distinct tensor names")
+    if sorted(names) != sorted(tensors):
+        raise WireError(f"{where}.batch names {sorted(names)[:5]} but the tensors are {sorted(tensors)[:5]}")
+    for name in names:
+        tensor = tensors[name]
+        if tensor.dim() == 0 or tensor.shape[0] != rows:
+            raise WireError(f"{where}.batch.{name}: shape {list(tensor.shape)} has not {rows} rows")
+    non_tensor = document["non_tensor_batch"]
+    if not isinstance(non_tensor, Mapping):
+        raise WireError(f"{where}.non_tensor_batch must be an object")
+    arrays = {key: _array(value, f"{where}.non_tensor_batch.{key}", limits) for key, value in non_tensor.items()}
+    for key, array in arrays.items():
+        if array.shape[0] != rows:
+            raise WireError(f"{where}.non_tensor_batch.{key} has {array.shape[0]} rows, not {rows}")
+    if not isinstance(document["meta_info"], Mapping):
+        raise WireError(f"{where}.meta_info must be an object")
+    from single_controller.protocol import DataProto
+
+    return DataProto.from_dict(
+        tensors={name: tensors[name] for name in names} or None,
+        non_tensors=arrays,
+        meta_info=dict(document["meta_info"]),
+    )
