@@ -58,7 +58,7 @@ def build(args: dict[str, Any] | None = None) -> Application:
     # The controllers count calls by the HTTP status the ingress answers (hybridflow.control.metrics).
     status_codes = {kind.value: status for kind, status in STATUS_OF.items()}
     read_only = {group.name: list(group.read_only) for _, group in config.groups()}
-    if config.controllers_in_ingress:
+    if config.controllers_embedded:
         return _controlling_ingress(config, budget, service, read_only, status_codes)
     controllers: dict[str, Application] = {}
     for deployment in config.deployments:

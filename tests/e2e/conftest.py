@@ -1,8 +1,12 @@
-"""A second service for the end-to-end tests, started once: serve_config.yaml's test_actor
-deployment, its accumulators cut to the pool of 4, and a deployment of worker classes from
-a package outside the project (a temporary directory on PYTHONPATH), with a bearer token, a
-1 KiB body limit, a 3 s request timeout, and the controllers inside the ingress replica
-(``controllers_in_ingress: true``; the session's service covers the default layout)."""
+"""A second service for the end-to-end tests, started by the first test that asks for it:
+serve_config.yaml's test_actor deployment, its accumulators cut to the pool of 4, and a
+deployment of worker classes from a package outside the project (a temporary directory on
+PYTHONPATH), with a bearer token, a 1 KiB body limit, a 3 s request timeout, and the
+ingress scaled out to two replicas, so the controllers run in replicas of their own (the
+session's service, as shipped, has them inside its one ingress replica).
+
+Every module runs alone and in any order: each asks for the services it uses, and a
+service starts on first use."""
 
 from __future__ import annotations
 
@@ -90,7 +94,7 @@ def second_service(tmp_path_factory):
     accumulators = next(d for d in args["deployments"] if d["name"] == "accumulators")
     accumulators = {**accumulators, "groups": [g for g in accumulators["groups"] if g["name"] == "gpu_accumulator"]}
     proc = ServeProcess(
-        overrides={"max_body_bytes": 1024, "request_timeout_s": 3, "controllers_in_ingress": True,
+        overrides={"max_body_bytes": 1024, "request_timeout_s": 3, "ingress_replicas": 2,
                    "deployments": [test_actor, accumulators, OWN_DEPLOYMENT]},
         env={"SC_AUTH_TOKEN": TOKEN, "PYTHONPATH": str(packages)},
         state_path=tmp_path_factory.mktemp("limited-state") / "state.db",
@@ -152,23 +156,7 @@ def limited(second_service):
     return second_service.ensure_launched().wait_ready()  # readiness is an open route: no token needed
 
 
-#: The order of the modules: the session's service first, then the second service, whose
-#: start overlaps the 40 s call of test_reliability (the last test on the first service,
-#: which launches it and the client install: its workers sleep, the cores are idle), then
-#: the restart services.
-MODULE_ORDER = (
-    "test_http_service", "test_jobs", "test_mlp_batching", "test_observability", "test_status_page",
-    "test_reliability", "test_controllers_in_ingress", "test_own_worker_group", "test_service_limits",
-    "test_client_install", "test_state_restart",
-)
-
-
 def pytest_collection_modifyitems(items):
-    def rank(item) -> int:
-        name = item.module.__name__.rsplit(".", 1)[-1]
-        return MODULE_ORDER.index(name) if name in MODULE_ORDER else len(MODULE_ORDER)
-
-    items.sort(key=rank)  # stable: the tests of a module keep their order
     for item in items:  # the last test to use each service stops it (see below)
         for name in SERVICES:
             if name in item.fixturenames:

@@ -219,3 +219,18 @@ def test_controllers_in_the_ingress_take_every_pool_bundle_in_one_placement_grou
               for name, pool in plan.pools.items()}
     assert firsts == {"gpu_accumulator": 1, "gpu_accumulator_a": 5, "test_actor": 9, "mlp": 13}
     assert "ingress_replicas 1" in problems({**DEFAULT_ARGS, "controllers_in_ingress": True, "ingress_replicas": 2})
+
+
+@pytest.mark.parametrize(("setting", "replicas", "embedded"), [
+    ("auto", 1, True), ("auto", 2, False), (True, 1, True), (False, 1, False), (False, 3, False),
+])
+def test_controllers_in_ingress_auto_embeds_while_the_ingress_has_one_replica(setting, replicas, embedded):
+    config = load_config({**DEFAULT_ARGS, "controllers_in_ingress": setting, "ingress_replicas": replicas})
+    assert config.controllers_embedded is embedded
+
+
+def test_the_shipped_config_embeds_the_controllers():
+    shipped = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["args"]
+    config = load_config(shipped)
+    assert config.controllers_in_ingress == "auto" and config.controllers_embedded
+    assert "controllers_in_ingress" in problems({**DEFAULT_ARGS, "controllers_in_ingress": "sometimes"})

@@ -1,0 +1,105 @@
+"""The application's ``args`` as a whole: the service's settings, its limits and its
+deployments."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from hybridflow.config.groups import DeploymentConfig, GroupConfig, ModelConfig, _Strict
+from hybridflow.config.state import StateConfig
+from hybridflow.wire.limits import DEFAULT_LIMITS as WIRE_DEFAULTS
+from hybridflow.wire.limits import WireLimits
+
+
+class LimitsConfig(_Strict):
+    """Bounds that keep a request's cost in proportion to its bytes, and the service's
+    memory bounded (every one has a default; the README lists them)."""
+
+    max_tensors: int = Field(WIRE_DEFAULTS.max_tensors, ge=1, description="tensors in one body")
+    max_json_values: int = Field(WIRE_DEFAULTS.max_json_values, ge=1, description="JSON values in one body")
+    max_json_output_values: int = Field(
+        WIRE_DEFAULTS.max_json_output_values, ge=1,
+        description="values in a JSON answer; larger answers need Accept: application/x-safetensors",
+    )
+    max_tensor_elements: int = Field(WIRE_DEFAULTS.max_tensor_elements, ge=1, description="elements of one tensor")
+    max_ndim: int = Field(WIRE_DEFAULTS.max_ndim, ge=1, description="dimensions of one tensor")
+    max_depth: int = Field(WIRE_DEFAULTS.max_depth, ge=1, description="nesting of lists and objects")
+    max_split: int = Field(4096, ge=1, description="pieces of a job (?split=N)")
+    max_split_views: int = Field(WIRE_DEFAULTS.max_split_views, ge=1, description="pieces x tensors of a split job")
+    idempotency_keys: int = Field(10_000, ge=0, description="answers kept per controller for Idempotency-Key repeats")
+    idempotency_bytes: int = Field(256 << 20, ge=0, description="bytes of those answers")
+    jobs_running: int = Field(4, ge=1, description="jobs running at once; more wait in the queue")
+    jobs_queued: int = Field(64, ge=0, description="jobs waiting; more answer 429")
+    jobs_kept: int = Field(100, ge=0, description="finished jobs kept for their status")
+    jobs_result_bytes: int = Field(1 << 30, ge=0, description="bytes of finished jobs' results kept")
+
+    def wire(self) -> WireLimits:
+        """The bounds the decoders (wire) take."""
+        return WireLimits(**{f.name: getattr(self, f.name) for f in dataclasses.fields(WireLimits)})
+
+
+class ServiceConfig(_Strict):
+    """The application's ``args`` in serve_config.yaml."""
+
+    use_gpu: Literal["auto"] | bool = Field(
+        "auto", description="default for pools; auto: GPU bundles for a deployment when the cluster has GPUs enough left"
+    )
+    replica_cpus: float = Field(0.05, ge=0, description="CPUs each controller replica reserves")
+    worker_cpus: float = Field(0.05, ge=0, description="CPUs each worker bundle reserves")
+    ingress_cpus: float = Field(0.05, ge=0)
+    ingress_replicas: int = Field(1, ge=1)
+    controllers_in_ingress: Literal["auto"] | bool = Field(
+        "auto",
+        description="true: every deployment's controller runs in the ingress replica (one Serve hop fewer per "
+        "call; the ingress holds every pool's bundles, and there is one ingress replica); false: each "
+        "deployment's controller is a replica of its own; auto: true while ingress_replicas is 1",
+    )
+    request_timeout_s: float = Field(120.0, gt=0, description="a call that runs longer answers 504")
+    health_timeout_s: float = Field(10.0, gt=0, description="an idle worker that does not answer a ping this long is lost")
+    max_body_bytes: int = Field(1 << 30, gt=0, description="larger request bodies answer 413")
+    auth_token: str | None = Field(
+        None, description="when set (or SC_AUTH_TOKEN is), every route but health checks needs 'Bearer <token>'"
+    )
+    state: StateConfig = StateConfig()
+    limits: LimitsConfig = LimitsConfig()
+    deployments: list[DeploymentConfig] = Field(..., min_length=1)
+
+    @field_validator("auth_token")
+    @classmethod
+    def _blank_is_none(cls, value: str | None) -> str | None:
+        return value or None
+
+    @model_validator(mode="after")
+    def _one_controlling_ingress(self) -> ServiceConfig:
+        if self.controllers_in_ingress is True and self.ingress_replicas != 1:
+            raise ValueError(
+                f"controllers_in_ingress needs ingress_replicas 1 (each controller exists once), "
+                f"got {self.ingress_replicas}"
+            )
+        return self
+
+    @property
+    def controllers_embedded(self) -> bool:
+        """Whether the controllers run in the ingress replica. A group needs one sequencer,
+        so an ingress scaled out to several replicas keeps them in replicas of their own."""
+        if self.controllers_in_ingress == "auto":
+            return self.ingress_replicas == 1
+        return bool(self.controllers_in_ingress)
+
+    # -- lookups ------------------------------------------------------------------
+    def groups(self) -> Iterator[tuple[DeploymentConfig, GroupConfig]]:
+        for deployment in self.deployments:
+            for group in deployment.groups:
+                yield deployment, group
+
+    def deployment_of_group(self) -> dict[str, str]:
+        return {group.name: deployment.name for deployment, group in self.groups()}
+
+    def models(self) -> Iterator[tuple[DeploymentConfig, ModelConfig]]:
+        for deployment in self.deployments:
+            for model in deployment.models:
+                yield deployment, model
