@@ -12,17 +12,22 @@ Every rank fills only its own shard, from one of two sources:
 
 - a Hugging Face Llama checkpoint (``checkpoint`` and ``layer_index`` in the config): the
   rank's rows and columns read from the memory-mapped safetensors file(s);
-- a seeded random init (``seed``, default 0): each row of gate and up, and each column of
-  down, is drawn from its own torch generator whose seed depends on the layer's seed and
-  that row's index in the full matrix. So a rank draws its shard alone, without the full
-  master weight megatron's CPU init would draw on every rank, and the weights depend on
-  the seed only: the same after a rebuild, and the same full matrices whatever the tp.
+- a seeded random init (``seed``, default 0): gate, up and down transposed (each
+  ``[intermediate, hidden]``) are each read in row-major order as a sequence of blocks of
+  ``_BLOCK_ELEMENTS`` elements, and block ``k`` is drawn whole from its own torch generator,
+  seeded from the layer's seed, the matrix and ``k``. A rank's shard (rows of the three) is
+  one run of elements of each, so it draws only the blocks its run overlaps: without the
+  full master weight megatron's CPU init would draw on every rank, and with one generator
+  seeding per block, so the time follows the shard's parameters whatever the layer's
+  shape. The weights depend on the seed only: the same after a rebuild, and the same full
+  matrices whatever the tp.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,13 +51,20 @@ INIT_STD = 0.02
 #: unless told otherwise: 2**28, 1 GiB of float32, twice the tutorial's 4096 x 11008 layer.
 DEFAULT_MAX_PARAMETERS = 1 << 28
 
-# torch's CPU generator keeps 32 bits of its seed: row streams are numbered within 2**32,
-# each matrix in its own 2**30 range, so no two rows of a layer share a stream.
+#: Elements drawn from one generator (256 KiB of float32): the last block of a matrix is
+#: drawn whole too, and only its part inside the matrix kept.
+_BLOCK_ELEMENTS = 1 << 16
+# torch's CPU generator keeps 32 bits of its seed: block streams are numbered within 2**32,
+# each matrix in its own 2**30 range, so no two blocks of a layer share a stream; a matrix
+# may then hold up to 2**30 blocks.
 _MATRIX_STRIDE = 1 << 30
 _MATRIX_STREAM = {GATE: 0, UP: 1, DOWN: 2}
-#: Rows copied or drawn at a time: bounds a checkpoint's pages mapped at once, and the
-#: scratch block for down's columns (drawn as rows of its transpose).
+_MAX_MATRIX_ELEMENTS = _MATRIX_STRIDE * _BLOCK_ELEMENTS
+#: Rows copied at a time from a checkpoint: bounds its pages mapped at once.
 _BLOCK_ROWS = 256
+#: Elements of down's transpose drawn at a time into a scratch buffer, then copied into
+#: the shard's columns.
+_DOWN_CHUNK_ELEMENTS = 16 * _BLOCK_ELEMENTS
 
 
 def _as_dict(config: Any) -> dict[str, Any]:
@@ -95,9 +107,15 @@ class LlamaMLPSpec:
         return 3 * self.hidden_size * self.intermediate_size
 
 
-def layer_spec(config: Any, tp: int, max_parameters: int | None = DEFAULT_MAX_PARAMETERS) -> LlamaMLPSpec:
+def layer_spec(
+    config: Any,
+    tp: int,
+    max_parameters: int | None = DEFAULT_MAX_PARAMETERS,
+    checkpoint_dirs: Sequence[str | os.PathLike[str]] | None = None,
+) -> LlamaMLPSpec:
     """Check ``config`` for a layer split over ``tp`` ranks; sizes from the checkpoint's
-    headers when the config leaves them out. Raises ValueError naming the problem."""
+    headers when the config leaves them out. A checkpoint's files must all resolve inside
+    ``checkpoint_dirs`` (None: anywhere). Raises ValueError naming the problem."""
     cfg = _as_dict(config)
     hidden, ffn = _optional_int(cfg, "hidden_size"), _optional_int(cfg, "intermediate_size")
     layer_index, seed = _optional_int(cfg, "layer_index"), _optional_int(cfg, "seed")
@@ -105,7 +123,7 @@ def layer_spec(config: Any, tp: int, max_parameters: int | None = DEFAULT_MAX_PA
     if cfg.get("checkpoint") is not None:
         if layer_index is None:
             raise ValueError("a checkpoint needs layer_index: which of its layers to load")
-        checkpoint = LlamaMLPCheckpoint(cfg["checkpoint"], layer_index)
+        checkpoint = LlamaMLPCheckpoint(cfg["checkpoint"], layer_index, allowed_dirs=checkpoint_dirs)
         for key, given, found in (
             ("hidden_size", hidden, checkpoint.hidden_size),
             ("intermediate_size", ffn, checkpoint.intermediate_size),
@@ -122,8 +140,8 @@ def layer_spec(config: Any, tp: int, max_parameters: int | None = DEFAULT_MAX_PA
         raise ValueError("config needs integer hidden_size and intermediate_size (or a checkpoint to read them from)")
     if hidden <= 0 or ffn <= 0:
         raise ValueError(f"hidden_size and intermediate_size must be positive, got {hidden}, {ffn}")
-    if max(hidden, ffn) >= _MATRIX_STRIDE:
-        raise ValueError(f"hidden_size and intermediate_size must be below 2**30, got {hidden}, {ffn}")
+    if hidden * ffn > _MAX_MATRIX_ELEMENTS:
+        raise ValueError(f"hidden_size x intermediate_size must be at most 2**46, got {hidden} x {ffn}")
     act = cfg.get("hidden_act", "silu")
     if act not in ACTIVATIONS:
         raise ValueError(f"unknown hidden_act {act!r}; known: {', '.join(ACTIVATIONS)}")
@@ -154,11 +172,35 @@ def _splitmix64(x: int) -> int:
 
 def fill_master_rows(out: torch.Tensor, seed: int, matrix: str, first_row: int) -> None:
     """``out[i]`` = row ``first_row + i`` of the seeded master ``matrix`` (GATE, UP, or DOWN
-    transposed), N(0, INIT_STD), each row from its own generator: any rank can draw any rows."""
-    base = (_splitmix64(seed) >> 32) + _MATRIX_STREAM[matrix] * _MATRIX_STRIDE + first_row
+    transposed, each ``[intermediate, hidden]``), N(0, INIT_STD): any rank can draw any rows.
+
+    ``out`` (contiguous ``[rows, hidden]``) is elements ``[first_row * hidden, ...)`` of the
+    matrix in row-major order. Each block of ``_BLOCK_ELEMENTS`` elements they overlap is
+    drawn whole from its own generator (torch's normal draw depends on the size drawn):
+    straight into ``out`` when ``out`` holds all of it, else into a scratch block of which
+    the overlapping part is copied. So this seeds a generator ``numel / _BLOCK_ELEMENTS + 2``
+    times at most, whatever the shape."""
+    if out.dim() != 2 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [rows, hidden] tensor, got {list(out.shape)}")
+    flat = out.view(-1)
+    begin = first_row * out.shape[1]
+    end = begin + flat.numel()
+    if begin < 0 or end > _MAX_MATRIX_ELEMENTS:
+        raise ValueError(f"elements [{begin}, {end}) are outside a matrix of at most 2**46 elements")
+    base = (_splitmix64(seed) >> 32) + _MATRIX_STREAM[matrix] * _MATRIX_STRIDE
     generator = torch.Generator()
-    for i, row in enumerate(out):
-        row.normal_(0.0, INIT_STD, generator=generator.manual_seed((base + i) & 0xFFFFFFFF))
+    scratch: torch.Tensor | None = None
+    for block in range(begin // _BLOCK_ELEMENTS, -(-end // _BLOCK_ELEMENTS)):
+        low, high = block * _BLOCK_ELEMENTS, (block + 1) * _BLOCK_ELEMENTS
+        generator.manual_seed((base + block) & 0xFFFFFFFF)
+        if begin <= low and high <= end:
+            flat[low - begin : high - begin].normal_(0.0, INIT_STD, generator=generator)
+            continue
+        if scratch is None:
+            scratch = torch.empty(_BLOCK_ELEMENTS, dtype=out.dtype)
+        scratch.normal_(0.0, INIT_STD, generator=generator)
+        first, last = max(low, begin), min(high, end)
+        flat[first - begin : last - begin].copy_(scratch[first - low : last - low])
 
 
 def _megatron_must_not_init(weight: torch.Tensor) -> None:
@@ -173,11 +215,18 @@ class ParallelLlamaMLP(torch.nn.Module):
     size), and ``checkpoint`` (a safetensors file or directory in the Hugging Face Llama
     layout) with ``layer_index`` to load that layer's weights instead of the seeded init;
     the sizes may then be left out. Call it after ``initialize_model_parallel``. A layer of
-    more than ``max_parameters`` parameters is refused before anything is allocated.
+    more than ``max_parameters`` parameters, or a checkpoint with a file that resolves
+    outside ``checkpoint_dirs`` (None: no such bound, for a program that names its own
+    paths), is refused before anything is allocated.
     """
 
     def __init__(
-        self, config: Any, megatron_config: Any = None, *, max_parameters: int | None = DEFAULT_MAX_PARAMETERS
+        self,
+        config: Any,
+        megatron_config: Any = None,
+        *,
+        max_parameters: int | None = DEFAULT_MAX_PARAMETERS,
+        checkpoint_dirs: Sequence[str | os.PathLike[str]] | None = None,
     ) -> None:
         super().__init__()
         from megatron.core import ModelParallelConfig, parallel_state
@@ -185,7 +234,7 @@ class ParallelLlamaMLP(torch.nn.Module):
         from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 
         tp = parallel_state.get_tensor_model_parallel_world_size()
-        spec = layer_spec(config, tp, max_parameters)
+        spec = layer_spec(config, tp, max_parameters, checkpoint_dirs)
         mcfg = _as_dict(megatron_config) if megatron_config is not None else {}
         parallel_config = ModelParallelConfig(
             tensor_model_parallel_size=tp,
@@ -238,12 +287,15 @@ class ParallelLlamaMLP(torch.nn.Module):
         gate_up = self.gate_up_proj.weight
         fill_master_rows(gate_up[: stop - start], seed, GATE, start)
         fill_master_rows(gate_up[stop - start :], seed, UP, start)
-        # down's shard is columns: draw them as rows of down transposed, a block at a time
+        # down's shard is columns: draw them as rows of down transposed, a chunk of rows at
+        # a time (of at least _DOWN_CHUNK_ELEMENTS elements, so that the blocks drawn twice,
+        # at the chunks' ends, stay a small part)
         down = self.down_proj.weight
-        for begin in range(0, stop - start, _BLOCK_ROWS):
-            block = torch.empty(min(_BLOCK_ROWS, stop - start - begin), self.hidden_size, dtype=down.dtype)
-            fill_master_rows(block, seed, DOWN, start + begin)
-            down[:, begin : begin + len(block)].copy_(block.t())
+        chunk_rows = -(-_DOWN_CHUNK_ELEMENTS // self.hidden_size)
+        for begin in range(0, stop - start, chunk_rows):
+            chunk = torch.empty(min(chunk_rows, stop - start - begin), self.hidden_size, dtype=down.dtype)
+            fill_master_rows(chunk, seed, DOWN, start + begin)
+            down[:, begin : begin + len(chunk)].copy_(chunk.t())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 3 or x.shape[-1] != self.hidden_size:

@@ -9,6 +9,10 @@ never holds a full matrix and reads only the file pages its slice lies in. (Row 
 gate and up are contiguous; a column slice of down is a part of every row of down, so
 with page rounding a rank reads somewhat more of down than its tp-th.) A view keeps the
 file mapped, so the layer copies a matrix a block of rows at a time.
+
+Given ``allowed_dirs``, every file the reader opens (the index, each shard, the file named
+directly) is resolved, symlinks followed, and refused unless it lies inside one of them: a
+shard that links out of an allowed directory is not read.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -32,26 +37,49 @@ def tensor_name(layer_index: int, proj: str) -> str:
     return f"model.layers.{layer_index}.mlp.{proj}.weight"
 
 
-def _shard_files(root: Path) -> dict[str, Path]:
-    """Tensor name -> file, for a file or a directory (from its index json, else its headers)."""
+class _Readable:
+    """Resolves the paths a checkpoint reads and refuses those outside the allowed
+    directories (None: any path)."""
+
+    def __init__(self, allowed_dirs: Sequence[str | os.PathLike[str]] | None) -> None:
+        if allowed_dirs is not None and (
+            isinstance(allowed_dirs, (str, bytes, os.PathLike))
+            or not all(isinstance(d, (str, os.PathLike)) for d in allowed_dirs)
+        ):
+            raise ValueError(f"allowed_dirs must be a list of directories, got {allowed_dirs!r}")
+        self.dirs = None if allowed_dirs is None else [Path(d).resolve() for d in allowed_dirs]
+
+    def __call__(self, path: Path) -> Path:
+        real = path.resolve()
+        if self.dirs is not None and not any(real.is_relative_to(d) for d in self.dirs):
+            allowed = ", ".join(str(d) for d in self.dirs) or "none"
+            shown = str(path) if real == path else f"{path} (resolved: {real})"
+            raise ValueError(f"checkpoint file {shown} is outside the directories this layer may read ({allowed})")
+        return real
+
+
+def _shard_files(root: Path, readable: _Readable) -> dict[str, Path]:
+    """Tensor name -> file (resolved, and allowed), for a file or a directory (from its
+    index json, else its headers)."""
     if root.is_file():
         return {name: root for name in _header_names(root)}
     indexes = sorted(root.glob("*.safetensors.index.json"))
     if len(indexes) > 1:
         raise ValueError(f"checkpoint {root} has several index files: {', '.join(p.name for p in indexes)}")
     if indexes:
-        return _from_index(root, indexes[0])
+        return _from_index(root, readable(indexes[0]), readable)
     files = sorted(root.glob("*.safetensors"))
     if not files:
         raise ValueError(f"checkpoint directory {root} holds no .safetensors file")
     names: dict[str, Path] = {}
     for file in files:
-        for name in _header_names(file):
-            names.setdefault(name, file)
+        real = readable(file)
+        for name in _header_names(real):
+            names.setdefault(name, real)
     return names
 
 
-def _from_index(root: Path, index: Path) -> dict[str, Path]:
+def _from_index(root: Path, index: Path, readable: _Readable) -> dict[str, Path]:
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -59,11 +87,14 @@ def _from_index(root: Path, index: Path) -> dict[str, Path]:
     if not isinstance(weight_map, dict):
         raise ValueError(f"{index}: weight_map must be an object of tensor name -> file name")
     names: dict[str, Path] = {}
+    resolved: dict[str, Path] = {}
     for name, file_name in weight_map.items():
         # Shards sit beside the index: a name that leads elsewhere is refused, not followed.
         if not isinstance(file_name, str) or Path(file_name).name != file_name:
             raise ValueError(f"{index}: {name!r} maps to {file_name!r}, not a file name in {root}")
-        names[name] = root / file_name
+        if file_name not in resolved:
+            resolved[file_name] = readable(root / file_name)
+        names[name] = resolved[file_name]
     return names
 
 
@@ -80,19 +111,26 @@ class LlamaMLPCheckpoint:
 
     The constructor checks names, shapes and dtypes from the headers alone; then
     ``hidden_size`` and ``intermediate_size`` are the layer's sizes, and ``read`` gives
-    a rank's part of a matrix.
+    a rank's part of a matrix. With ``allowed_dirs`` (None: anywhere), ``path`` and every
+    file read for it must resolve inside one of those directories.
     """
 
-    def __init__(self, path: str | os.PathLike[str], layer_index: int) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        layer_index: int,
+        allowed_dirs: Sequence[str | os.PathLike[str]] | None = None,
+    ) -> None:
         if isinstance(layer_index, bool) or not isinstance(layer_index, int):
             raise ValueError(f"layer_index must be an integer, got {layer_index!r}")
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise ValueError(f"checkpoint must be a path, got {path!r}")
-        root = Path(path).resolve()
+        readable = _Readable(allowed_dirs)
+        root = readable(Path(path))
         if not root.exists():
             raise ValueError(f"checkpoint {root} does not exist")
         self.path, self.layer_index = root, layer_index
-        files = _shard_files(root)
+        files = _shard_files(root, readable)
         layers = sorted({int(m.group(1)) for name in files if (m := _LAYER_KEY.match(name))})
         if not layers:
             raise ValueError(f"checkpoint {root} has no model.layers.* tensors (not a Hugging Face Llama layout)")

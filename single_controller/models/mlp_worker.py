@@ -20,18 +20,18 @@ class MLPLayerWorker(MegatronWorker):
     def __init__(self, max_parameters: int = DEFAULT_MAX_PARAMETERS, checkpoint_dirs: list[str] | None = None) -> None:
         """``max_parameters``: the largest layer ``init_model`` builds (``3 * hidden *
         intermediate``, all ranks together); a bigger one is refused before allocating.
-        ``checkpoint_dirs``: the directories ``init_model`` may read a checkpoint from
-        (None: any, for a program that trusts its callers; a service whose callers may
-        name paths lists the ones it serves, or none)."""
+        ``checkpoint_dirs``: the directories ``init_model`` may read a checkpoint from,
+        every file of it resolved (symlinks followed) inside one of them; None or empty:
+        none, so a checkpoint is read only from directories listed here."""
         super().__init__()
         if isinstance(max_parameters, bool) or not isinstance(max_parameters, int) or max_parameters < 1:
             raise ValueError(f"max_parameters must be a positive integer, got {max_parameters!r}")
         self._max_parameters = max_parameters
-        self._checkpoint_dirs = None if checkpoint_dirs is None else [os.path.realpath(d) for d in checkpoint_dirs]
+        self._checkpoint_dirs = [os.path.realpath(d) for d in checkpoint_dirs or []]
 
     def _check_checkpoint_path(self, config: Any) -> None:
         path = config.get("checkpoint") if hasattr(config, "get") else None
-        if path is None or self._checkpoint_dirs is None:
+        if path is None:
             return
         real = os.path.realpath(str(path))
         if not any(os.path.commonpath([real, allowed]) == allowed for allowed in self._checkpoint_dirs):
@@ -54,7 +54,12 @@ class MLPLayerWorker(MegatronWorker):
 
         self._check_checkpoint_path(config)
         megatron_config = OmegaConf.create({"sequence_parallel_enabled": False})
-        layer = ParallelLlamaMLP(config=config, megatron_config=megatron_config, max_parameters=self._max_parameters)
+        layer = ParallelLlamaMLP(
+            config=config,
+            megatron_config=megatron_config,
+            max_parameters=self._max_parameters,
+            checkpoint_dirs=self._checkpoint_dirs,
+        )
         self.parallel_layer = layer.to(get_torch_device())
 
     @register(Dispatch.ONE_TO_ALL)

@@ -24,7 +24,8 @@ TOLERANCE = 1e-5
 CHECKPOINTS = {"file": ("single/model.safetensors", 1), "index": ("sharded", 2), "no_index": ("no_index", 0)}
 #: A layer big enough that drawing its full master weight shows in a rank's peak memory.
 BIG_HIDDEN, BIG_FFN = 1024, 8192
-#: A layer whose shards span several of the blocks of rows the layer fills at a time (256).
+#: A layer whose shards span several of the blocks the layer draws (2**16 elements) or
+#: copies from a checkpoint (256 rows) at a time, their ends inside blocks.
 MID_HIDDEN, MID_FFN = 320, 1280
 
 ACTS = {
@@ -448,8 +449,8 @@ def _cut(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, tp: int, rank
 
 
 def test_shards_spanning_several_blocks(ranks, tmp_path_factory):
-    """Layers whose shards take several 256-row blocks: seeded, every layout cuts the tp=1
-    master; loaded, every rank holds exactly its slices of the checkpoint."""
+    """Layers whose shards span several blocks: seeded, every layout cuts the tp=1 master;
+    loaded, every rank holds exactly its slices of the checkpoint."""
     tp, records = ranks
     master = _records(1, 1, tmp_path_factory)[0]["mid_seeded"]
     gate, up = master["gate_up_proj.weight"].chunk(2)
