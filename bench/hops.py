@@ -154,7 +154,7 @@ def small_config(directory: Path, args: dict[str, Any] | None = None) -> Path:
         "name": "accumulators",
         "groups": [g for d in app["args"]["deployments"] for g in d["groups"] if g["name"] == "gpu_accumulator"],
     }]
-    document["applications"].append({"name": "noop", "route_prefix": "/noop", "import_path": "bench.noop_app:hybridflow.http"})
+    document["applications"].append({"name": "noop", "route_prefix": "/noop", "import_path": "bench.noop_app:app"})
     path = directory / "hops_config.yaml"
     path.write_text(yaml.safe_dump(document))
     return path

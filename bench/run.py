@@ -405,7 +405,7 @@ def bench_config() -> Path:
             if model["name"] == "mlp":
                 unbatched = {key: value for key, value in model.items() if key != "batching"}
                 deployment["models"].append({**unbatched, "name": "mlp_unbatched"})
-    document["applications"].append({"name": "noop", "route_prefix": "/noop", "import_path": "bench.noop_app:hybridflow.http"})
+    document["applications"].append({"name": "noop", "route_prefix": "/noop", "import_path": "bench.noop_app:app"})
     path = RESULTS / "bench_config.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
@@ -413,7 +413,7 @@ def bench_config() -> Path:
 
 def noop_only_config() -> Path:
     document = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    document["applications"] = [{"name": "noop", "route_prefix": "/noop", "import_path": "bench.noop_app:hybridflow.http"}]
+    document["applications"] = [{"name": "noop", "route_prefix": "/noop", "import_path": "bench.noop_app:app"}]
     path = RESULTS / "noop_config.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
