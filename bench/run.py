@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ import yaml
 
 from bench.cold_start import cpu_seconds
 from bench.hops import breakdown
+from bench.report import write_benchmarks_page
 from tests.serve_process import ROOT, ServeProcess
 
 RESULTS = ROOT / "bench" / "results"
@@ -466,14 +468,99 @@ def oip_body(name: str, t: torch.Tensor, binary_output: bool) -> tuple[bytes, di
     return header + raw, {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"}
 
 
+def rank_processes(args: dict[str, Any]) -> dict[str, int]:
+    """``{worker class: processes}`` that a serve config's groups start: a pool's ranks, a
+    merged pool's colocated processes once, a plain actor one; groups on another group's
+    processes (``same_as`` with ``colocate_with``) none of their own."""
+    counts: dict[str, int] = {}
+    for deployment in args["deployments"]:
+        groups = {g["name"]: g for g in deployment["groups"]}
+        for group in deployment["groups"]:
+            pool = group.get("pool", {})
+            if group.get("plain_actor"):
+                ranks = 1
+            elif "process_on_nodes" in pool:
+                ranks = sum(pool["process_on_nodes"])
+            elif "merge" in pool:
+                ranks = sum(sum(groups[m]["pool"]["process_on_nodes"]) for m in pool["merge"])
+            else:
+                continue
+            counts[group["worker"]] = counts.get(group["worker"], 0) + ranks
+    return counts
+
+
+def start_floor_app(ranks: int) -> tuple[subprocess.Popen, str]:
+    """The hand-written app (bench/floor_app.py) in a process of its own, ready."""
+    from single_controller.rendezvous import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "bench.floor_app", "--port", str(port), "--ranks", str(ranks)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"the floor app exited with {proc.returncode}")
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("the floor app did not answer within 300 s")
+
+
+def bench_floor(proc: ServeProcess, http: httpx.Client, n: int, seconds: float) -> dict[str, Any]:
+    """The service's 8-rank ONE_TO_ALL add against the hand-written app over the same worker
+    class and rank count: p50 (alternating rounds) and requests/s at 32 clients."""
+    from bench.floor_app import WORKER
+
+    group = "gpu_accumulator_decorator"
+    ranks = len(http.get(f"/v1/groups/{group}").json()["ranks"])
+    floor, url = start_floor_app(ranks)
+    out: dict[str, Any] = {"floor_ranks": ranks, "floor_worker": WORKER}
+    try:
+        with httpx.Client(base_url=url, timeout=120) as direct:
+            service_add = lambda: http.post(f"/v1/groups/{group}/add", json={"kwargs": {"x": 1}}).raise_for_status()  # noqa: E731
+            floor_add = lambda: direct.post("/add", json={"x": 1}).raise_for_status()  # noqa: E731
+            adds, floors = interleaved(service_add, floor_add, n)
+        out["add8_p50_ms"] = p50(adds) * 1e3
+        out["floor_add8_p50_ms"] = p50(floors) * 1e3
+        out["add8_floor_ratio"] = out["add8_p50_ms"] / out["floor_add8_p50_ms"]
+        out["rps_add8_32"] = asyncio.run(
+            _throughput(proc.url, f"/v1/groups/{group}/add", {"kwargs": {"x": 1}}, 32, seconds))
+        out["rps_floor_32"] = asyncio.run(_throughput(url, "/add", {"x": 1}, 32, seconds))
+        out["rps_floor_ratio"] = out["rps_add8_32"] / out["rps_floor_32"]
+    finally:
+        floor.terminate()
+        floor.wait(timeout=60)
+    return out
+
+
+def cold_start_floor(config: Path) -> float:
+    """Seconds for one script to start the processes the config's groups start, with the
+    same imports (bench/floor_app.py's start_ranks), in a fresh interpreter."""
+    args = yaml.safe_load(config.read_text())["applications"][0]["args"]
+    code = ("import json, sys; from bench.floor_app import start_ranks; "
+            "print(start_ranks(json.loads(sys.argv[1])))")
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(rank_processes(args))], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, check=True)
+    float(done.stdout.strip().splitlines()[-1])  # the script's own figure, after its imports
+    return time.perf_counter() - started
+
+
 def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     noop_cold, noop_proc = cold_start(noop_only_config(), "/noop/ready")
     noop_proc.stop()
+    out["cold_start_floor_s"] = cold_start_floor(bench_config())
     full_cold, proc = cold_start(bench_config(), "/readyz")
     out["cold_start_noop_s"] = noop_cold
     out["cold_start_service_s"] = full_cold
     out["cold_start_ratio"] = full_cold / noop_cold
+    out["cold_start_floor_ratio"] = full_cold / out["cold_start_floor_s"]
     n = 100 if quick else 400
     try:
         with httpx.Client(base_url=proc.url, timeout=300) as http:
@@ -495,7 +582,7 @@ def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
             # Where an add's milliseconds go: Serve's access logs and Ray's timeline.
             out["http_add_hops"] = breakdown(
                 proc, http, "/v1/groups/gpu_accumulator/add", {"kwargs": {"x": [1, 1, 1, 1]}},
-                {"ingress": "hybridflow_ingress", "controller": "hybridflow_accumulators"},
+                {"ingress": "hybridflow_ingress"},  # the controllers live in the ingress
                 "add", n // 2,
             )
 
@@ -504,6 +591,7 @@ def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
                 _throughput(proc.url, "/v1/groups/gpu_accumulator/add", {"kwargs": {"x": [1, 1, 1, 1]}}, 32, seconds)
             )
             rps_noop = asyncio.run(_throughput(proc.url, "/noop/call", {"kwargs": {"x": 1}}, 32, seconds))
+            out.update(bench_floor(proc, http, n, seconds))
             out["rps_add_32"] = rps_add
             out["rps_noop_32"] = rps_noop
             out["rps_ratio"] = rps_add / rps_noop
@@ -642,6 +730,9 @@ def bench_batching(url: str, quick: bool) -> dict[str, Any]:
 
 
 TARGETS = {
+    "add8_floor_ratio": ("HTTP add, 8 ranks / hand-written FastAPI app p50", 1.5, "max"),
+    "rps_floor_ratio": ("add rps / hand-written app rps (32 clients)", 0.67, "min"),
+    "cold_start_floor_ratio": ("cold start / one script starting the same processes", 1.3, "max"),
     "one_to_all_ratio": ("ONE_TO_ALL / raw fan-out p50", 1.15, "max"),
     "one_to_all_compiled_ratio": ("ONE_TO_ALL compiled / raw fan-out p50", 1.0, "max"),
     "http_add_ratio": ("HTTP add / (no-op route + library)", 1.3, "max"),
@@ -658,6 +749,9 @@ TARGETS = {
 
 #: Each figure's raw numbers, as the PNG and the JSON's targets show them beside the ratio.
 RAW = {
+    "add8_floor_ratio": "{add8_p50_ms:.1f} vs {floor_add8_p50_ms:.1f} ms",
+    "rps_floor_ratio": "{rps_add8_32:.0f} vs {rps_floor_32:.0f} requests/s",
+    "cold_start_floor_ratio": "{cold_start_service_s:.0f} vs {cold_start_floor_s:.0f} s",
     "one_to_all_ratio": "{one_to_all_p50_ms:.2f} vs {fanout_raw_p50_ms:.2f} ms",
     "one_to_all_compiled_ratio": "{one_to_all_compiled_p50_ms:.2f} vs {fanout_raw_p50_ms:.2f} ms",
     "http_add_ratio": "{http_add_p50_ms:.1f} vs {http_noop_p50_ms:.1f} + {execute_all_add_p50_ms:.1f} ms",
@@ -730,6 +824,7 @@ def main(argv: list[str] | None = None) -> int:
             }
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=2))
     plot(results, RESULTS / "latest.png")
+    write_benchmarks_page(results, ROOT / "docs" / "benchmarks.md")  # the page is generated, not edited
     for key, entry in results.get("targets", {}).items():
         print(f"{entry['label']:50s} {entry['value']:8.3f}  target {'<=' if TARGETS[key][2] == 'max' else '>='} "
               f"{entry['target']}  {'met' if entry['met'] else 'MISSED'}  ({entry['raw']})")

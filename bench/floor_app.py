@@ -1,0 +1,100 @@
+"""The hand-written floor for the service's calls: one process, FastAPI under uvicorn,
+holding the Ray actor handles of a group's ranks (the same worker class and rank count as
+the service's ``gpu_accumulator_decorator``), answering ``POST /add`` with an
+``asyncio.gather`` of the rank calls, JSON out. What a user who wants speed writes by hand.
+
+    python -m bench.floor_app --port 8123 [--ranks 8]
+
+Also the cold-start floor: :func:`start_ranks` starts a given set of worker classes, one
+process each, with the same imports, in one script, and answers when every one answered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from typing import Any
+
+from pydantic import BaseModel
+
+#: The worker class of the figure's group, as serve_config.yaml names it.
+WORKER = "single_controller.models.tutorial_workers:GPUAccumulatorDecorator"
+
+
+def import_class(path: str) -> Any:
+    import importlib
+
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def rank_actors(worker: str, ranks: int, num_cpus: float = 0.05) -> list[Any]:
+    """``ranks`` actors of ``worker``, each told its rank as a worker group would."""
+    import ray
+
+    cls = import_class(worker)
+    if not hasattr(cls, "remote"):  # the tutorial's classes are @ray.remote already
+        cls = ray.remote(cls)
+    actors = []
+    for rank in range(ranks):
+        env = {"RANK": str(rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(ranks),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
+        actors.append(cls.options(num_cpus=num_cpus, runtime_env={"env_vars": env}).remote())
+    return actors
+
+
+def start_ranks(workers: dict[str, int], num_cpus: float = 0.05) -> float:
+    """Seconds from nothing to every rank of ``{worker class: ranks}`` answering, in this
+    process: ``ray.init`` and one actor process per rank, as the service starts them."""
+    import ray
+
+    started = time.perf_counter()
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    actors = [a for worker, ranks in workers.items() for a in rank_actors(worker, ranks, num_cpus)]
+    ray.get([a.__ray_ready__.remote() for a in actors])
+    took = time.perf_counter() - started
+    ray.shutdown()
+    return took
+
+
+class Add(BaseModel):
+    x: float
+
+
+def build_app(ranks: int) -> Any:
+    import ray
+    from fastapi import FastAPI
+
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    actors = rank_actors(WORKER, ranks)
+    ray.get([a.__ray_ready__.remote() for a in actors])
+    app = FastAPI()
+
+    @app.get("/ready")
+    async def ready() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.post("/add")
+    async def add(body: Add) -> dict[str, list]:
+        outputs = await asyncio.gather(*(a.add.remote(body.x) for a in actors))
+        return {"output": [o.tolist() for o in outputs]}
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--ranks", type=int, default=8)
+    options = parser.parse_args(argv)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import uvicorn
+
+    uvicorn.run(build_app(options.ranks), host="127.0.0.1", port=options.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
