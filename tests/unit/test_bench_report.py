@@ -1,0 +1,71 @@
+"""bench.report: docs/benchmarks.md rendered from a results dict (no bench run, no Ray)."""
+
+from __future__ import annotations
+
+import json
+
+from bench import report
+
+RESULTS = {
+    "quick": True,
+    "machine": "2 cores, x86_64, torch 2.13.0+cpu",
+    "when": "2026-01-02 03:04:05",
+    "fanout_raw_p50_ms": 2.0,
+    "one_to_all_p50_ms": 2.2,
+    "one_to_all_ratio": 1.1,
+    "rps_add_32": 60.0,
+    "rps_noop_32": 150.0,
+    "rps_ratio": 0.4,
+    "http_add_hops": {"requests": 50, "proxy_ms": 20.0, "proxy_minus_ingress_ms": 5.5},
+    "a_figure_added_later_ms": 12.5,
+    "bench_seconds": 61.0,
+    "targets": {
+        "one_to_all_ratio": {"label": "ONE_TO_ALL / raw", "target": 1.15, "value": 1.1, "met": True, "raw": ""},
+        "rps_ratio": {"label": "add rps / no-op rps", "target": 0.5, "value": 0.4, "met": False, "raw": ""},
+    },
+}
+
+
+def test_a_page_with_each_figure_the_figures_it_comes_from_and_its_target(tmp_path):
+    page = report.write_benchmarks_page(RESULTS, tmp_path / "docs" / "benchmarks.md", results_dir=None)
+    text = page.read_text()
+    assert text.startswith("# Benchmarks\n")
+    assert "python -m bench.report bench/results/latest.json" in text and "do not edit by hand" in text
+    assert "`--quick` run on 2 cores, x86_64, torch 2.13.0+cpu, 2026-01-02 03:04:05, 61.0 s in all" in text
+    row = next(line for line in text.splitlines() if line.startswith("| `one_to_all_ratio`"))
+    assert "1.10x" in row and "`one_to_all_p50_ms` 2.20 ms; `fanout_raw_p50_ms` 2.00 ms" in row
+    assert row.endswith("| <= 1.15x (met) |")
+    rps = next(line for line in text.splitlines() if line.startswith("| `rps_ratio`"))
+    assert "`rps_add_32` 60.0; `rps_noop_32` 150" in rps and rps.endswith("| >= 0.500x (**missed**) |")
+    # sections without figures in the results are left out; a figure no section names still shows
+    assert "## The library" in text and "## Durable state" not in text
+    assert "| `a_figure_added_later_ms` | 12.5 ms |" in text
+    assert "| `proxy_minus_ingress_ms` | 5.50 ms |" in text
+
+
+def test_no_recorded_run_says_so(tmp_path):
+    text = report.write_benchmarks_page({}, tmp_path / "benchmarks.md", results_dir=None).read_text()
+    assert "No run is recorded yet" in text and "| figure" not in text
+
+
+def test_the_other_tools_results_in_the_results_directory_are_added(tmp_path):
+    (tmp_path / "call_cpu.json").write_text(json.dumps(
+        {"add": {"calls_per_s": 80.0, "cpu_ms_per_call": 21.0, "cpu_ms_per_call_by_process": {"ray::ProxyActor": 4.5}}}
+    ))
+    (tmp_path / "serve_settings.json").write_text(json.dumps(
+        {"default": {"ready_s": 20.0, "add_p50_ms": 20.0, "noop_p50_ms": 8.0, "add_over_noop_ms": 12.0, "hops": {}}}
+    ))
+    (tmp_path / "latest.json").write_text(json.dumps(RESULTS))  # the page's own run: not shown twice
+    text = report.write_benchmarks_page(RESULTS, tmp_path / "benchmarks.md", results_dir=tmp_path).read_text()
+    assert "| `add` | 80.0 | 21.0 ms | ProxyActor 4.50 |" in text
+    assert "| default | 20.0 ms | 8.00 ms | 12.0 ms | 20.0 s | n/a |" in text
+    assert "Another recorded run" not in text
+
+
+def test_the_entry_point_renders_a_results_file(tmp_path):
+    source = tmp_path / "latest.json"
+    source.write_text(json.dumps(RESULTS))
+    assert report.main([str(source), "--out", str(tmp_path / "page.md")]) == 0
+    assert "| `one_to_all_ratio`" in (tmp_path / "page.md").read_text()
+    assert report.main([str(tmp_path / "missing.json"), "--out", str(tmp_path / "empty.md")]) == 0
+    assert "No run is recorded yet" in (tmp_path / "empty.md").read_text()
