@@ -48,9 +48,9 @@ system-deps:
 # One pytest run per layer: unit (no Ray), ray (one cluster), e2e (serve run). The unit
 # layer (no Ray, no timing) runs beside the Ray layer, whose cluster start and worker spawns
 # leave a core idle part of the time; the end-to-end layer starts once both are done, so its
-# services have the machine to themselves. (Two e2e pytest processes at once were tried:
-# serve runs starting together on 2 cores timed out in Ray's 30 s node start.) Every layer
-# runs even if another failed; the unit layer's report follows the Ray layer's.
+# services have the machine to themselves (serve runs starting together on 2 cores can
+# exceed Ray's 30 s node start, so the layer is one process). Every layer runs even if
+# another failed; the unit layer's report follows the Ray layer's.
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 UNIT_LOG := $(VENV)/unit-tests.log
 test: system-deps $(STAMP)
@@ -79,7 +79,8 @@ serve: $(STAMP)
 serve-fresh: $(STAMP)
 	SC_STATE_FRESH=1 $(VENV)/bin/serve run serve_config.yaml
 
-# Benchmarks: bench/results/latest.json and latest.png (BENCH_ARGS=--quick for a short run).
+# Benchmarks: bench/results/latest.json and latest.png, rendered into docs/benchmarks.md
+# (BENCH_ARGS=--quick for a short run).
 bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
 

@@ -17,7 +17,7 @@ from hybridflow.wire.limits import WireLimits
 
 class LimitsConfig(_Strict):
     """Bounds that keep a request's cost in proportion to its bytes, and the service's
-    memory bounded (every one has a default; the README lists them)."""
+    memory bounded (every one has a default; docs/configuration.md lists them)."""
 
     max_tensors: int = Field(WIRE_DEFAULTS.max_tensors, ge=1, description="tensors in one body")
     max_json_values: int = Field(WIRE_DEFAULTS.max_json_values, ge=1, description="JSON values in one body")

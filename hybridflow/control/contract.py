@@ -1,7 +1,7 @@
 """The typed messages between the ingress and the controllers (through Serve handles).
 
 The controller answers with these objects and never with HTTP statuses: what went wrong
-is an :class:`ErrorKind`, and the HTTP layer (``app.errors``) owns the table from kind to
+is an :class:`ErrorKind`, and the HTTP layer (``hybridflow.http.errors``) owns the table from kind to
 status code. Plain dataclasses: they pickle cheaply through Ray and need nothing from
 FastAPI or Ray to import.
 """

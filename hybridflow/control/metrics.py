@@ -26,7 +26,7 @@ Calls are counted in the controller, the one place every call passes (the call r
 jobs, and the group calls of OIP models). The controller knows no HTTP: ``kind`` is the
 call's ``ErrorKind`` value (``ok`` when none) and ``code`` the status the ingress answers
 for that kind, read from a table that the composition root (``hybridflow.serve.application``)
-hands every controller replica from ``app.errors.STATUS_OF`` (:func:`use_status_codes`).
+hands every controller replica from ``hybridflow.http.errors.STATUS_OF`` (:func:`use_status_codes`).
 A method or model name the controller does not serve is labelled ``(unknown)``, so a
 client cannot grow the number of series.
 

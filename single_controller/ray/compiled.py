@@ -19,10 +19,9 @@ read by all ranks (each keeps its own part). Timeouts and lost workers tear the 
 down (it is rebuilt on the next call), and the error is raised.
 
 What it costs: while the graph exists each rank's process keeps polling its input
-channel, idle or not (four idle ranks on a 2-core machine took 20 CPU-s in 10 s; none
-before the graph and none after ``teardown()``). So it suits a burst of small calls on
-cores of their own, followed by ``teardown()``; not a service that idles between calls
-on shared cores.
+channel, idle or not, so an idle graph costs CPU time; nothing polls before the graph is
+built or after ``teardown()``. So it suits a burst of small calls on cores of their own,
+followed by ``teardown()``; not a service that idles between calls on shared cores.
 """
 
 from __future__ import annotations

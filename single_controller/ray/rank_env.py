@@ -1,8 +1,8 @@
 """How a rank's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...) reaches its actor.
 
 A ``runtime_env`` with ``env_vars`` would set the variables before Python starts, but Ray
-starts a worker process with a runtime_env through its ``setup_worker`` (a Python start
-more: about 0.3 CPU-s per rank, measured) and never hands it one of the idle workers it
+starts a worker process with a runtime_env through its ``setup_worker`` (one Python
+start more per rank) and never hands it one of the idle workers it
 prestarts. So a group starts each rank from a subclass of the worker class whose
 ``__init__`` first puts the rank's variables into ``os.environ`` (and has a ``Worker`` read
 its place from them again) and then runs the class's own ``__init__``: the worker's code

@@ -5,8 +5,7 @@ into the pickle stream (a copy), the stream into the object store (a second copy
 receiver unpickles a third. :func:`send_tensors_out_of_band` makes this process hand Ray a
 numpy view of each plain CPU tensor instead; Ray writes its buffer to the object store
 out of band (one copy), and the receiver rebuilds a writable tensor of its own from it (one
-copy), so a rank may still modify its inputs in place. Measured here for a 64 MiB tensor
-sent to an actor: 166 ms by default, 23 ms this way.
+copy), so a rank may still modify its inputs in place. docs/benchmarks.md has what it saves.
 
 What differs from torch's path: a tensor arrives contiguous (a transposed view arrives as
 a transposed copy), and tensors that shared a storage arrive as separate ones. Tensors

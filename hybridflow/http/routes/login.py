@@ -1,6 +1,6 @@
 """Signing a browser in. A browser cannot send a bearer header when it navigates, so
 ``POST /login`` checks the token from a form and sets it as the ``sc_token`` cookie
-(``app.auth`` accepts either): HttpOnly, so no page script can read it, and
+(``hybridflow.http.auth`` accepts either): HttpOnly, so no page script can read it, and
 SameSite=Strict, so no other site's request carries it. Open routes, outside the schema.
 """
 
