@@ -67,9 +67,10 @@ def test_metrics_count_the_calls_and_inferences_made(service, http, endpoints, t
             expected[name] += 2
     after = scrape_until(endpoints, lambda s: all(counts(s)[k] >= v for k, v in expected.items()))
     assert counts(after) == expected
-    # Serve labels the controller's series with its deployment; nothing is left in flight
+    # Serve labels the series with the replica's deployment: the ingress, where the shipped
+    # layout runs the controllers; nothing is left in flight
     (labels, _), *_ = after.matching(CALLS, **ZERO_RANK, kind="ok")
-    assert labels["deployment"] == "test_actor" and labels["application"] == "hybridflow"
+    assert labels["deployment"] == "ingress" and labels["application"] == "hybridflow"
     assert after.total("ray_hybridflow_calls_in_flight", **ZERO_RANK) == 0
     # the batch size of a request that ran alone is 1
     assert after.total("ray_hybridflow_model_batch_size_bucket", model="checksum", le="1.0") >= 2
