@@ -117,8 +117,19 @@ def chunk_batch(batch: Batch, chunks: int) -> list[Batch]:
     if chunks <= 0 or n % chunks:
         raise ValueError(f"a batch of {n} rows does not split into {chunks} equal chunks")
     size = n // chunks
+    if not is_dataproto(batch) and _has_jagged(batch):
+        from single_controller.tensordict_utils import chunk_tensordict
+
+        # Jagged tensors split row by row: torch cannot chunk those of 3 or more dims.
+        return [compact_tensordict(piece) for piece in chunk_tensordict(batch, chunks)]
     pieces = [batch[i * size : (i + 1) * size] for i in range(chunks)]
     return pieces if is_dataproto(batch) else [compact_tensordict(piece) for piece in pieces]
+
+
+def _has_jagged(batch: TensorDictBase) -> bool:
+    from single_controller.tensordict_utils import is_jagged
+
+    return any(is_jagged(batch.get(key)) for key in batch.keys())
 
 
 def concat_batches(batches: Sequence[Batch]) -> Batch:
@@ -127,6 +138,10 @@ def concat_batches(batches: Sequence[Batch]) -> Batch:
         raise ValueError("nothing to concatenate")
     if is_dataproto(batches[0]):
         return type(batches[0]).concat(list(batches))
+    if _has_jagged(batches[0]):
+        from single_controller.tensordict_utils import concat_tensordict
+
+        return concat_tensordict(list(batches))
     import torch  # batches to concatenate mean torch is loaded already
 
     return torch.cat(list(batches), dim=0)

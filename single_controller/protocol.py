@@ -204,6 +204,16 @@ class DataProto:
                 )
         return cls.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta_info, auto_padding=auto_padding)
 
+    def to_tensordict(self) -> TensorDictBase:
+        """This DataProto as one batch TensorDict (non-tensor columns as object columns,
+        meta_info as metadata); :meth:`from_tensordict` reverses it."""
+        return protocol_ops.dataproto_to_tensordict(self)
+
+    @classmethod
+    def from_tensordict(cls, tensor_dict: TensorDictBase, meta_info: dict[str, Any] | None = None) -> DataProto:
+        """The DataProto a batch TensorDict holds (tensors, object columns, metadata)."""
+        return cls(*protocol_ops.dataproto_parts_from_tensordict(tensor_dict, meta_info))
+
     # -- size and rows ------------------------------------------------------------
     def __len__(self) -> int:
         if self.batch is not None:

@@ -1,6 +1,7 @@
 """Free functions on DataProto's parts that verl exposes from ``verl.protocol``: union of
 tensor dicts, numpy dicts and meta dicts, padding to a divisor, folding the batch
-dimension, and an all-gather across a process group.
+dimension, an all-gather across a process group, and the conversion to and from a batch
+TensorDict.
 
 They build results with ``type(data)``, so they never import the DataProto class, and
 they raise :class:`DataProtoError` on bad input.
@@ -25,6 +26,8 @@ DataProtoT = TypeVar("DataProtoT")
 __all__ = [
     "DataProtoError",
     "all_gather_data_proto",
+    "dataproto_parts_from_tensordict",
+    "dataproto_to_tensordict",
     "fold_batch_dim",
     "list_of_dict_to_dict_of_list",
     "pad_dataproto_to_divisor",
@@ -192,3 +195,52 @@ def all_gather_data_proto(data: DataProtoT, process_group: Any = None) -> None:
     others: list[Any] = [None] * size
     dist.all_gather_object(others, data.non_tensor_batch, group=process_group)
     data.non_tensor_batch = {key: np.concatenate([o[key] for o in others]) for key in data.non_tensor_batch}
+
+
+def dataproto_to_tensordict(data: Any) -> TensorDictBase:
+    """One batch TensorDict (see :mod:`single_controller.tensordict_utils`) holding a
+    DataProto: its tensors, its non-tensor columns as object columns (one Python object
+    per row) and its meta_info as metadata. A name used twice is a :class:`DataProtoError`."""
+    from single_controller.tensordict_utils import get_tensordict, object_column
+
+    per_row: dict[str, Any] = dict(data.batch.items()) if data.batch is not None else {}
+    for key, column in data.non_tensor_batch.items():
+        if key in per_row:
+            raise DataProtoError(f"{key!r} is both a tensor and a non-tensor column")
+        per_row[key] = object_column(list(column))
+    clash = sorted(set(per_row) & set(data.meta_info))
+    if clash:
+        raise DataProtoError(f"meta_info keys {clash} are also column names")
+    try:
+        return get_tensordict(per_row, data.meta_info)
+    except ValueError as exc:
+        raise DataProtoError(f"cannot hold this DataProto in a TensorDict: {exc}") from None
+
+
+def dataproto_parts_from_tensordict(
+    tensor_dict: TensorDictBase, meta_info: Mapping[str, Any] | None = None
+) -> tuple[TensorDictBase | None, dict[str, np.ndarray], dict[str, Any]]:
+    """``(batch, non_tensor_batch, meta_info)`` of the DataProto a batch TensorDict holds
+    (what :func:`dataproto_to_tensordict` made): tensors to ``batch``, object columns to
+    ``dtype=object`` arrays, metadata to ``meta_info`` (after the given ``meta_info``)."""
+    from tensordict import NonTensorData, NonTensorStack, TensorDict
+
+    tensors: dict[str, torch.Tensor] = {}
+    columns: dict[str, np.ndarray] = {}
+    meta = dict(meta_info or {})
+    for key in tensor_dict.keys():
+        value = tensor_dict.get(key)
+        if isinstance(value, torch.Tensor):
+            tensors[key] = value
+        elif isinstance(value, NonTensorStack):
+            items = value.tolist()
+            column = np.empty(len(items), dtype=object)
+            for row, item in enumerate(items):  # one object per row, lists included
+                column[row] = item
+            columns[key] = column
+        elif isinstance(value, NonTensorData):
+            meta[key] = value.data
+        else:
+            raise DataProtoError(f"{key!r}: a DataProto holds tensors and non-tensor data, got {type(value).__name__}")
+    batch = TensorDict(tensors, batch_size=tensor_dict.batch_size) if tensors else None
+    return batch, columns, meta
