@@ -1,10 +1,10 @@
-"""DataProtoFuture: the answer of a ``blocking=False`` PROTO call made with a DataProto,
-before it is fetched.
+"""DataProtoFuture: the answer of a ``blocking=False`` PROTO call made with a batch (a
+DataProto or a TensorDict), before it is fetched.
 
 It holds the per-rank Ray futures and how to combine their values (``collect_fn``: the
 mode's collect, with the dispatch padding dropped), and optionally how to cut the
 combined value afterwards (``dispatch_fn``: :meth:`chunk` uses it). ``get()`` waits for
-the ranks and returns the DataProto. It imports nothing heavy: Ray only inside ``get``.
+the ranks and returns the batch. It imports nothing heavy: Ray only inside ``get``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class DataProtoFuture:
 
     @staticmethod
     def concat(data: list[Any]) -> DataProtoFuture:
-        """A future of the concatenation of these futures' DataProtos, in order."""
+        """A future of the concatenation of these futures' batches, in order."""
         return DataProtoFuture(collect_fn=_concat, futures=list(data))
 
     def chunk(self, chunks: int) -> list[DataProtoFuture]:
@@ -68,7 +68,9 @@ def materialize_futures(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 
 def _concat(values: list[Any]) -> Any:
-    """The values (DataProtos) concatenated by their own class, in order."""
+    """The values (DataProtos or TensorDicts) concatenated, in order."""
+    from single_controller.batch import concat_batches
+
     if not values:
         raise ValueError("cannot concatenate no futures")
-    return type(values[0]).concat(values)
+    return concat_batches(values)

@@ -3,7 +3,8 @@
 The tutorial's import path: ``from single_controller.base.decorator import register,
 Dispatch, Execute, collect_all_to_all, register_dispatch_mode``; and verl v0.4's registry
 names (``DISPATCH_MODE_FN_REGISTRY``, ``get_predefined_dispatch_fn``,
-``update_dispatch_mode``, ``_check_dispatch_mode``) from the same module.
+``update_dispatch_mode``, ``_check_dispatch_mode``) and verl v0.5's mesh dispatch
+(``make_nd_compute_dataproto_dispatch_fn``) from the same module.
 """
 
 from __future__ import annotations
@@ -41,12 +42,14 @@ from single_controller.base.dispatch_registry import (
     resolve_dispatch_mode,
     update_dispatch_mode,
 )
+from single_controller.base.mesh_dispatch import MeshDispatchSpec, make_nd_compute_dataproto_dispatch_fn
 from single_controller.base.modes import Dispatch, Execute, Mode
 
 __all__ = [
     "DISPATCH_MODE_FN_REGISTRY",
     "DISPATCH_TABLE",
     "MAGIC_ATTR",
+    "MeshDispatchSpec",
     "PADDING_KEY",
     "Dispatch",
     "DispatchError",
@@ -71,6 +74,7 @@ __all__ = [
     "get_method_spec",
     "get_predefined_dispatch_fn",
     "get_predefined_execute_fn",
+    "make_nd_compute_dataproto_dispatch_fn",
     "register",
     "register_dispatch_mode",
     "update_dispatch_mode",

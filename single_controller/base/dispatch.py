@@ -119,7 +119,7 @@ def _require_list(label: str, value: Any, length: int, unit: str) -> Sequence:
     return value
 
 
-def _split_batches(
+def split_batches(
     args: tuple, kwargs: dict, chunks: int, mode: str, first_index: int = 0
 ) -> tuple[tuple, dict, int]:
     """Split every batch argument into ``chunks`` equal parts, padding it first when its
@@ -155,7 +155,7 @@ def _split_batches(
     return new_args, new_kwargs, (pads[0] if pads else 0)
 
 
-def _with_padding(args: tuple, kwargs: dict, pad: int) -> tuple[tuple, dict]:
+def with_padding(args: tuple, kwargs: dict, pad: int) -> tuple[tuple, dict]:
     if pad:
         kwargs = {**kwargs, PADDING_KEY: pad}
     return args, kwargs
@@ -199,8 +199,8 @@ def collect_dp_compute(group, output) -> list:
 
 def dispatch_dp_compute_proto(group, *args, **kwargs) -> tuple[tuple, dict]:
     """Every argument is a batch: pad it to a multiple of world_size, split it evenly."""
-    new_args, new_kwargs, pad = _split_batches(args, kwargs, group.world_size, "DP_COMPUTE_PROTO")
-    return _with_padding(new_args, new_kwargs, pad)
+    new_args, new_kwargs, pad = split_batches(args, kwargs, group.world_size, "DP_COMPUTE_PROTO")
+    return with_padding(new_args, new_kwargs, pad)
 
 
 def collect_dp_compute_proto(group, output):
@@ -217,10 +217,10 @@ def dispatch_dp_compute_proto_with_func(group, *args, **kwargs) -> tuple[tuple, 
             "DP_COMPUTE_PROTO_WITH_FUNC takes a function as its first positional argument, then batches"
         )
     func, batches = args[0], args[1:]
-    split_args, split_kwargs, pad = _split_batches(
+    split_args, split_kwargs, pad = split_batches(
         batches, kwargs, group.world_size, "DP_COMPUTE_PROTO_WITH_FUNC", first_index=1
     )
-    return _with_padding(([func] * group.world_size, *split_args), split_kwargs, pad)
+    return with_padding(([func] * group.world_size, *split_args), split_kwargs, pad)
 
 
 def dispatch_direct_rollout(group, *args, **kwargs):
@@ -275,9 +275,9 @@ def collect_megatron_compute(group, output) -> list:
 
 def dispatch_megatron_compute_proto(group, *args, **kwargs) -> tuple[tuple, dict]:
     """Every argument is a batch: pad to a multiple of dp_size, one chunk per dp rank."""
-    split_args, split_kwargs, pad = _split_batches(args, kwargs, group.dp_size, "MEGATRON_COMPUTE_PROTO")
+    split_args, split_kwargs, pad = split_batches(args, kwargs, group.dp_size, "MEGATRON_COMPUTE_PROTO")
     new_args, new_kwargs = dispatch_megatron_compute(group, *split_args, **split_kwargs)
-    return _with_padding(new_args, new_kwargs, pad)
+    return with_padding(new_args, new_kwargs, pad)
 
 
 def collect_megatron_compute_proto(group, output):
@@ -313,9 +313,9 @@ def collect_megatron_pp_as_dp(group, output) -> list:
 def dispatch_megatron_pp_as_dp_proto(group, *args, **kwargs) -> tuple[tuple, dict]:
     """Batches padded and split into pp*dp*cp chunks, then as MEGATRON_PP_AS_DP."""
     n = group.pp_size * group.dp_size * _cp_size(group)
-    split_args, split_kwargs, pad = _split_batches(args, kwargs, n, "MEGATRON_PP_AS_DP_PROTO")
+    split_args, split_kwargs, pad = split_batches(args, kwargs, n, "MEGATRON_PP_AS_DP_PROTO")
     new_args, new_kwargs = dispatch_megatron_pp_as_dp(group, *split_args, **split_kwargs)
-    return _with_padding(new_args, new_kwargs, pad)
+    return with_padding(new_args, new_kwargs, pad)
 
 
 def collect_megatron_pp_as_dp_proto(group, output):
@@ -364,7 +364,7 @@ def dispatch_all_micro_dp(group, *args, **kwargs) -> tuple[tuple, dict]:
         return [items[rank // size] for rank in range(group.world_size)]
 
     new_args, new_kwargs = _map_args(args, kwargs, per_rank)
-    return _with_padding(new_args, new_kwargs, pads[0] if pads else 0)
+    return with_padding(new_args, new_kwargs, pads[0] if pads else 0)
 
 
 def collect_all_micro_dp(group, output):

@@ -91,7 +91,11 @@ def resolve_dispatch_mode(mode: Mode | str | Mapping) -> DispatchSpec:
 
 
 def dispatch_mode_name(mode: Mode | str | Mapping) -> str:
-    """A printable name: the mode's name, or ``custom:<dispatch_fn name>``."""
+    """A printable name: the mode's name, ``ND_COMPUTE_PROTO(<mesh>)`` for a mesh's mode
+    (``make_nd_compute_dataproto_dispatch_fn``), or ``custom:<dispatch_fn name>``."""
+    mesh_mode_name = getattr(mode, "name", None)
+    if isinstance(mode, Mapping) and isinstance(mesh_mode_name, str):
+        return mesh_mode_name
     if isinstance(mode, Mapping):
         return f"custom:{getattr(mode['dispatch_fn'], '__name__', 'dispatch_fn')}"
     return mode if isinstance(mode, str) else mode.name

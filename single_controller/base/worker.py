@@ -9,6 +9,12 @@ rendezvous works as it does under torchrun.
 Every worker also answers verl's two driver-function methods: a group sends a function
 to its ranks with ``execute_with_func_generator`` (the function runs on each rank with
 that rank's part of a batch) or ``execute_func_rank_zero`` (it runs on rank 0).
+
+A worker declares its place in named meshes (verl v0.5's
+``_register_dispatch_collect_info``): its dp rank there and whether it answers for that
+dp rank. Methods registered with ``make_nd_compute_dataproto_dispatch_fn(mesh)`` are
+dispatched by it; the group reads the places through the registered ``_query_*``
+methods, which the group calls and a service never lists (their names start with ``_``).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from single_controller.base.decorator import Dispatch, Execute, register
+from single_controller.base.mesh import MeshPlaces
 from single_controller.rendezvous import node_ip_address, pick_rendezvous
 
 
@@ -97,6 +104,53 @@ class Worker:
     def execute_func_rank_zero(self, func: Callable, *args: Any, **kwargs: Any) -> Any:
         """Run ``func(*args, **kwargs)`` here: through the group, on rank 0 only."""
         return func(*args, **kwargs)
+
+    # -- places in named meshes (verl v0.5) -------------------------------------------
+    @property
+    def _mesh_places(self) -> MeshPlaces:
+        """This rank's mesh declarations (made on first use, whatever made the instance)."""
+        places = self.__dict__.get("_mesh_place_record")
+        if places is None:
+            places = self.__dict__["_mesh_place_record"] = MeshPlaces()
+        return places
+
+    def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
+        """Declare this rank's place in ``mesh_name``: its dp rank, and whether its output
+        is the one collected for that dp rank. Once per mesh; ``MeshError`` (a
+        ValueError) for a second declaration or a bad value."""
+        self._mesh_places.register(mesh_name, dp_rank, is_collect)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def _query_dispatch_info(self, mesh_name: str) -> int:
+        """This rank's dp rank in ``mesh_name`` (through the group: one per rank)."""
+        return self._mesh_places.dp_rank(mesh_name)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def _query_collect_info(self, mesh_name: str) -> bool:
+        """Whether this rank collects in ``mesh_name`` (through the group: one per rank)."""
+        return self._mesh_places.is_collect(mesh_name)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def _query_meshes(self) -> dict[str, tuple[int, bool]]:
+        """Every mesh this rank declared: ``name -> (dp rank, collects?)``."""
+        return self._mesh_places.places()
+
+    def query_collect_info(self, mesh_name: str) -> bool:
+        """Whether this rank collects in ``mesh_name``; ``MeshError`` when it is not declared."""
+        return self._mesh_places.is_collect(mesh_name)
+
+    def get_dispatch_collect(self) -> dict[str, dict[str, Any]]:
+        """``{"dispatch_dp_rank": {mesh: dp rank}, "collect_dp_rank": {mesh: collects?}}``."""
+        return self._mesh_places.snapshot()
+
+    def set_dispatch_collect(
+        self, mesh_name: str, dispatch_dp_rank: dict[str, int], collect_dp_rank: dict[str, bool]
+    ) -> None:
+        """Take another worker's place (its ``get_dispatch_collect()``) as this one's in
+        ``mesh_name``: a fused worker answering for a role it holds. The source's entry
+        named ``mesh_name`` when it has one, else its only entry. ``MeshError`` (a
+        ValueError and an AssertionError) when ``mesh_name`` is declared already."""
+        self._mesh_places.adopt(mesh_name, dispatch_dp_rank, collect_dp_rank)
 
     def get_node_id(self) -> str | None:
         """The Ray node this worker runs on (None outside Ray)."""

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from single_controller.base.decorator import PADDING_KEY, DispatchError, MethodSpec
+from single_controller.base.mesh import MeshError, MeshLayout
 from single_controller.base.modes import Execute
 from single_controller.base.worker_methods import registered_methods, user_class
-from single_controller.batch import is_batch, is_dataproto, unpad_batch
+from single_controller.batch import is_batch, unpad_batch
 from single_controller.protocol_future import DataProtoFuture, materialize_futures
 
 __all__ = [
@@ -185,6 +186,10 @@ class WorkerGroup:
         self._workers: list[Any] = []
         self._worker_names: list[str] = []
         self._method_specs: dict[str, MethodSpec] = {}
+        #: Each named mesh's dp rank and collect flag by rank, once asked of the ranks
+        #: (verl's names: its code and tests read them).
+        self._dispatch_info: dict[str, list[int]] = {}
+        self._collect_info: dict[str, list[bool]] = {}
         # Submissions of one call to all ranks happen under this lock, so every rank
         # receives concurrent calls in the same order (collectives never interleave).
         self._submit_lock = threading.RLock()
@@ -207,6 +212,47 @@ class WorkerGroup:
         """The registered methods bound on this group, by name."""
         return dict(self._method_specs)
 
+    # -- named meshes -------------------------------------------------------------
+    def mesh_layout(self, mesh_name: str) -> MeshLayout:
+        """Mesh ``mesh_name`` across the group (every rank's dp rank and collect flag),
+        asked of the ranks on first use and kept. ``MeshError`` (a ValueError) when the
+        ranks' answers do not form a usable mesh; an error from the ranks when one of
+        them has not declared it."""
+        if mesh_name not in self._dispatch_info or mesh_name not in self._collect_info:
+            self._require_mesh_queries()
+            dp_futures = self.execute_all_async("_query_dispatch_info", mesh_name)
+            collect_futures = self.execute_all_async("_query_collect_info", mesh_name)
+            dp_ranks, collect = self._wait(dp_futures), self._wait(collect_futures)
+            MeshLayout.of(mesh_name, dp_ranks, collect)
+            self._dispatch_info[mesh_name] = list(dp_ranks)
+            self._collect_info[mesh_name] = list(collect)
+        return MeshLayout.of(mesh_name, self._dispatch_info[mesh_name], self._collect_info[mesh_name])
+
+    def meshes(self, cached: bool = False) -> dict[str, MeshLayout]:
+        """Every mesh the ranks declared, by name (one call to every rank), each checked
+        as :meth:`mesh_layout` checks it; a mesh some ranks did not declare is a
+        ``MeshError``. ``cached=True`` answers without calling the ranks: the meshes
+        asked of them before (by a dispatch or an earlier call). A group of workers that
+        are not ``Worker``s has none."""
+        if not cached and "_query_meshes" in self._method_specs:
+            places = self._wait(self.execute_all_async("_query_meshes"))
+            for name in dict.fromkeys(name for rank_places in places for name in rank_places):
+                lacking = [rank for rank, rank_places in enumerate(places) if name not in rank_places]
+                if lacking:
+                    raise MeshError(f"mesh {name!r} is declared on some ranks but not on ranks {lacking}")
+                dp_ranks = [rank_places[name][0] for rank_places in places]
+                collect = [rank_places[name][1] for rank_places in places]
+                MeshLayout.of(name, dp_ranks, collect)
+                self._dispatch_info[name], self._collect_info[name] = dp_ranks, collect
+        names = [name for name in self._dispatch_info if name in self._collect_info]
+        return {name: MeshLayout.of(name, self._dispatch_info[name], self._collect_info[name]) for name in names}
+
+    def _require_mesh_queries(self) -> None:
+        if "_query_dispatch_info" not in self._method_specs:
+            raise DispatchError(
+                f"{type(self).__name__}: its workers do not declare meshes (they are not Worker subclasses)"
+            )
+
     # -- transport hooks ----------------------------------------------------------
     def _submit(self, rank: int, method: str, args: tuple, kwargs: dict) -> Any:
         raise NotImplementedError
@@ -226,9 +272,10 @@ class WorkerGroup:
     def _wait(self, futures: Any) -> Any:
         raise NotImplementedError
 
-    def _collect_later(self, collector: Collector, futures: list[Any], as_dataproto: bool) -> Any:
-        """A future of ``collector(values of futures)``: a DataProtoFuture when the call
-        was given a DataProto, else the transport's own future."""
+    def _collect_later(self, collector: Collector, futures: list[Any], given_batch: bool) -> Any:
+        """A future of ``collector(values of futures)``: a DataProtoFuture (``get()``
+        collects) when the call was given a batch (a DataProto or a TensorDict), else the
+        transport's own future."""
         raise NotImplementedError
 
     # -- calls --------------------------------------------------------------------
@@ -285,7 +332,7 @@ class WorkerGroup:
     ) -> Any:
         dispatch = spec.dispatch_spec
         blocking = spec.blocking if blocking is None else blocking
-        as_dataproto = any(is_dataproto(v) or isinstance(v, DataProtoFuture) for v in (*args, *kwargs.values()))
+        given_batch = any(is_batch(v) or isinstance(v, DataProtoFuture) for v in (*args, *kwargs.values()))
         d_args, d_kwargs, padding = dispatch_arguments(self, name, spec, args, kwargs)
         rank_zero = spec.execute_mode == Execute.RANK_ZERO
         if rank_zero:
@@ -295,7 +342,7 @@ class WorkerGroup:
         if not blocking:
             if dispatch.collect_needs_values or padding:
                 collector = Collector(dispatch.collect_fn, self.layout(), padding, single=rank_zero)
-                return self._collect_later(collector, [futures] if rank_zero else list(futures), as_dataproto)
+                return self._collect_later(collector, [futures] if rank_zero else list(futures), given_batch)
             return dispatch.collect_fn(self, futures)
         output = dispatch.collect_fn(self, self._wait(futures))
         return unpad_output(output, padding)
@@ -315,8 +362,10 @@ class WorkerGroup:
         methods that are stored instead."""
         bound = []
         for name, spec in registered_methods(user_defined_cls).items():
+            # Registered names with a leading underscore (Worker's mesh queries) are bound
+            # too, as verl binds them: the group calls them; a service lists public ones only.
             taken = hasattr(type(self), name) or name in self._reserved or name in self.__dict__
-            if taken or name.startswith("_"):
+            if taken:
                 raise ValueError(
                     f"worker method {name!r} cannot be registered: the worker group uses that name"
                 )

@@ -38,7 +38,17 @@ def _virtual_pp_size(kwargs: dict[str, Any], pp: int) -> int | None:
 
 
 class MegatronWorker(Worker):
-    """Subclass it (``@ray.remote``) for workers of a ``MegatronRayWorkerGroup``."""
+    """Subclass it (``@ray.remote``) for workers of a ``MegatronRayWorkerGroup``.
+
+    Once Megatron's parallel state is up (``init_megatron``), each rank declares its place
+    in the mesh named :attr:`megatron_mesh_name`, as verl's Megatron workers do: its dp
+    rank, collecting on tp rank 0 of the last pp stage (cp rank 0). So a method registered
+    with ``make_nd_compute_dataproto_dispatch_fn(<that name>)`` splits a batch by dp, as
+    ``MEGATRON_COMPUTE_PROTO`` does. A subclass names its mesh by setting the attribute.
+    """
+
+    #: The mesh this worker's Megatron layout is declared under.
+    megatron_mesh_name: str = "megatron"
 
     def init_megatron(self, default_megatron_kwargs: dict[str, Any] | None = None) -> None:
         from megatron.core import parallel_state
@@ -80,10 +90,29 @@ class MegatronWorker(Worker):
             from megatron.core import tensor_parallel
 
             tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        self._register_megatron_mesh()
+
+    def _register_megatron_mesh(self) -> None:
+        """Declare this rank's place in :attr:`megatron_mesh_name`, once Megatron's
+        parallel state is up (and only once)."""
+        from megatron.core import parallel_state as ps
+
+        if not ps.model_parallel_is_initialized() or self.megatron_mesh_name in self._mesh_places.names():
+            return
+        last_stage = ps.get_pipeline_model_parallel_world_size() - 1
+        collects = (
+            ps.get_tensor_model_parallel_rank() == 0
+            and ps.get_pipeline_model_parallel_rank() == last_stage
+            and ps.get_context_parallel_rank() == 0
+        )
+        self._register_dispatch_collect_info(self.megatron_mesh_name, ps.get_data_parallel_rank(), collects)
 
     def get_megatron_rank_info(self) -> MegatronRankInfo:
         from megatron.core import parallel_state as ps
 
+        # A worker that set up Megatron without init_megatron declares its mesh here: the
+        # group reads this first, before any call dispatches by the mesh.
+        self._register_megatron_mesh()
         return MegatronRankInfo(
             tp_rank=ps.get_tensor_model_parallel_rank(),
             dp_rank=ps.get_data_parallel_rank(),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import ray
@@ -27,6 +28,34 @@ RANK_ENV_KWARG = "_single_controller_rank_env"
 #: included, to Ray out of band (single_controller.ray.tensor_transport), provided its
 #: class's module loaded torch by the time the actor starts.
 TENSORS_OUT_OF_BAND_ENV = "SC_TENSORS_OUT_OF_BAND"
+
+#: What a group sets on each of its ranks (rank, layout, rendezvous, the group's identity,
+#: the tensor transport); a group's ``worker_env`` may add variables but not set these.
+GROUP_ENV_NAMES = frozenset({
+    "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RAY_LOCAL_RANK", "RAY_LOCAL_WORLD_SIZE",
+    "MASTER_ADDR", "MASTER_PORT", "WG_PREFIX", "WG_BACKEND", TENSORS_OUT_OF_BAND_ENV,
+})
+
+
+def check_worker_env(worker_env: Mapping[str, str] | None) -> dict[str, str]:
+    """A group's ``worker_env`` (variables for every rank) as a dict; ``ValueError`` for
+    a name or value that is not a string, an empty name or one with ``=``, or a name the
+    group sets itself (:data:`GROUP_ENV_NAMES`), naming them."""
+    if worker_env is None:
+        return {}
+    if not isinstance(worker_env, Mapping):
+        raise ValueError(f"worker_env is a mapping of variable names to strings, got {type(worker_env).__name__}")
+    bad = [
+        repr(name) for name, value in worker_env.items()
+        if not isinstance(name, str) or not name or "=" in name or not isinstance(value, str)
+    ]
+    if bad:
+        raise ValueError(f"worker_env takes non-empty string names (without '=') and string values; bad: {bad}")
+    clash = sorted(set(worker_env) & GROUP_ENV_NAMES)
+    if clash:
+        raise ValueError(f"worker_env may not set {clash}: the group sets them on every rank")
+    return dict(worker_env)
+
 
 _lock = threading.Lock()
 _classes: dict[Any, Any] = {}  # worker class -> its actor class with rank env

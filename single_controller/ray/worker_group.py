@@ -20,6 +20,8 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from single_controller.base.dispatch import DispatchError
+from single_controller.base.mesh import MeshLayout
 from single_controller.base.worker_group import (
     ClassWithInitArgs,
     Collector,
@@ -29,6 +31,7 @@ from single_controller.base.worker_group import (
 from single_controller.batch import is_batch
 from single_controller.protocol_future import DataProtoFuture
 from single_controller.ray.class_with_init import RayClassWithInitArgs
+from single_controller.ray.rank_env import check_worker_env
 from single_controller.ray.resource_pool import RayResourcePool
 from single_controller.rendezvous import pick_rendezvous
 
@@ -83,9 +86,18 @@ class GroupLayout:
     pp_size: int = 1
     cp_size: int = 1
     micro_dp_group_size: int = 1
+    #: The named meshes the group knew when the snapshot was taken.
+    meshes: dict[str, MeshLayout] = field(default_factory=dict)
 
     def get_megatron_rank_info(self, rank: int) -> Any:
         return self.rank_infos[rank]
+
+    def mesh_layout(self, mesh_name: str) -> MeshLayout:
+        try:
+            return self.meshes[mesh_name]
+        except KeyError:
+            known = sorted(self.meshes)
+            raise DispatchError(f"mesh {mesh_name!r} is not known to this group layout; known: {known}") from None
 
 
 def _random_prefix() -> str:
@@ -110,6 +122,9 @@ class RayWorkerGroup(WorkerGroup):
 
     Starts one actor per rank of the pool (all at once), binds the worker class's
     ``@register`` methods on the group, and keeps every rank's calls in one order.
+    ``worker_env`` adds variables to every rank's environment; one the group sets itself
+    (``WORLD_SIZE``, ``RANK``, ...: ``rank_env.GROUP_ENV_NAMES``) is a ``ValueError``,
+    raised before anything starts.
     """
 
     def __init__(
@@ -122,10 +137,21 @@ class RayWorkerGroup(WorkerGroup):
         worker_names: list[str] | None = None,
         worker_handles: list[Any] | None = None,
         startup_timeout_s: float = 300.0,
+        worker_env: dict[str, str] | None = None,
+        device_name: str | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(resource_pool=resource_pool, **kwargs)
         attach = worker_names is not None or worker_handles is not None
+        #: Variables set on every rank besides the group's own (verl's ``worker_env``).
+        self.worker_env = check_worker_env(worker_env)
+        if attach and self.worker_env:
+            raise ValueError("worker_env applies to workers a group starts; attached workers keep their environment")
+        if device_name not in (None, "cuda", "cpu"):
+            raise ValueError(f"device_name is 'cuda', 'cpu' or None, got {device_name!r}")
+        #: verl's device argument, kept for its callers: ranks take GPUs when the pool has
+        #: them, and each rank picks its device itself (single_controller.device).
+        self.device_name = device_name
+        super().__init__(resource_pool=resource_pool, **kwargs)
         if ray_cls_with_init is None and not attach:
             raise ValueError("RayWorkerGroup needs ray_cls_with_init (a RayClassWithInitArgs)")
         self.ray_cls_with_init = ray_cls_with_init
@@ -210,6 +236,7 @@ class RayWorkerGroup(WorkerGroup):
                     "MASTER_PORT": str(master_port),
                     "WG_PREFIX": self.name_prefix,
                     "WG_BACKEND": "ray",
+                    **self.worker_env,
                 }
                 name = f"{self.name_prefix}{cls_name}_{pg_index}:{local_rank}"
                 actor = cls_with_init(
@@ -282,6 +309,7 @@ class RayWorkerGroup(WorkerGroup):
         view.fused_worker_used = False
         view.wg_dict = None
         view._rank_info_cache = None
+        view._dispatch_info, view._collect_info = {}, {}  # the role's own mesh places
         view.object_store_puts = 0
         view._bind_worker_method(cls_with_init.cls)
         return view
@@ -351,20 +379,24 @@ class RayWorkerGroup(WorkerGroup):
     def _wait(self, futures: Any) -> Any:
         return ray.get(futures, timeout=self.get_timeout_s)
 
-    def _collect_later(self, collector: Collector, futures: list[Any], as_dataproto: bool) -> Any:
-        """A DataProtoFuture (collected where ``get()`` runs) for a DataProto call; else
-        an ObjectRef of a Ray task that collects where the values are."""
-        if as_dataproto:
+    def _collect_later(self, collector: Collector, futures: list[Any], given_batch: bool) -> Any:
+        """A DataProtoFuture (collected where ``get()`` runs) for a call given a batch (a
+        DataProto or a TensorDict); else an ObjectRef of a Ray task that collects where
+        the values are."""
+        if given_batch:
             return DataProtoFuture(collect_fn=collector, futures=futures)
         return _collect_task.remote(collector, *futures)
 
     # -- introspection and health -----------------------------------------------------
     def layout(self) -> GroupLayout:
         """What dispatch and collect functions read from this group, as a picklable
-        snapshot: world size, micro-dp size, and for a group that reports a Megatron
-        layout (``get_megatron_rank_info``) every rank's tp/dp/pp/cp coordinates and sizes."""
+        snapshot: world size, micro-dp size, the named meshes it has asked its ranks
+        about, and for a group that reports a Megatron layout (``get_megatron_rank_info``)
+        every rank's tp/dp/pp/cp coordinates and sizes."""
         layout = GroupLayout(
-            world_size=self.world_size, micro_dp_group_size=getattr(self, "micro_dp_group_size", 1)
+            world_size=self.world_size,
+            micro_dp_group_size=getattr(self, "micro_dp_group_size", 1),
+            meshes=self.meshes(cached=True),
         )
         rank_info = getattr(self, "get_megatron_rank_info", None)
         if rank_info is not None:

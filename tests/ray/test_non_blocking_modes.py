@@ -11,6 +11,7 @@ import ray
 import torch
 from tensordict import TensorDict
 
+from single_controller import DataProtoFuture
 from single_controller.base.decorator import Dispatch, register
 from single_controller.megatron.worker import MegatronWorker
 from single_controller.ray import MegatronRayWorkerGroup, RayClassWithInitArgs, RayResourcePool
@@ -40,7 +41,9 @@ def tensordict(n: int) -> TensorDict:
 
 
 def resolve(answer):
-    """A non-blocking answer's value: an ObjectRef's, or each of a list's."""
+    """A non-blocking answer's value: a batch future's or an ObjectRef's, or each of a list's."""
+    if isinstance(answer, DataProtoFuture):
+        return answer.get(timeout=120)
     if isinstance(answer, ray.ObjectRef):
         return ray.get(answer, timeout=120)
     if isinstance(answer, list):
@@ -113,9 +116,9 @@ def test_megatron_proto_modes_non_blocking_on_a_megatron_group(ray_cluster):
     try:
         assert (group.tp_size, group.dp_size, group.pp_size) == (2, 2, 1)
         # dp rank 0 gets rows 0-1, dp rank 1 rows 2-3 (moved by 100); 3 rows pad to 4
-        assert ray.get(group.forward(tensordict(4)), timeout=120)["x"].tolist() == [0.0, 1.0, 102.0, 103.0]
-        assert ray.get(group.forward(tensordict(3)), timeout=120)["x"].tolist() == [0.0, 1.0, 102.0]
-        assert ray.get(group.forward_pp(tensordict(4)), timeout=120)["x"].tolist() == [0.0, 1.0, 102.0, 103.0]
+        assert resolve(group.forward(tensordict(4)))["x"].tolist() == [0.0, 1.0, 102.0, 103.0]
+        assert resolve(group.forward(tensordict(3)))["x"].tolist() == [0.0, 1.0, 102.0]
+        assert resolve(group.forward_pp(tensordict(4)))["x"].tolist() == [0.0, 1.0, 102.0, 103.0]
     finally:
         group.shutdown()
         pool.remove()

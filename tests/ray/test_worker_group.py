@@ -13,6 +13,7 @@ import ray
 import torch
 from tensordict import TensorDict
 
+from single_controller import DataProtoFuture
 from single_controller.base import Worker
 from single_controller.base.decorator import (
     Dispatch,
@@ -223,9 +224,9 @@ def test_non_blocking_calls_return_futures(group):
     assert all(isinstance(f, ray.ObjectRef) for f in futures)
     assert ray.get(futures) == [100, 101, 102, 103]
     batch = TensorDict({"x": torch.arange(5.0)}, batch_size=[5])
-    future = group.dp_proto_async(batch)
-    assert isinstance(future, ray.ObjectRef)
-    assert ray.get(future)["x"].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    future = group.dp_proto_async(batch)  # a batch's future, as verl answers: get() collects
+    assert isinstance(future, DataProtoFuture)
+    assert future.get(timeout=120)["x"].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
     refs = group.execute_all_async("echo", x=1)
     assert ray.get(refs) == [(r, 1) for r in range(4)]
 
