@@ -42,6 +42,12 @@ def get_dist_backend() -> str:
     return "nccl" if is_cuda_available() else "gloo"
 
 
+def get_nccl_backend() -> str:
+    """verl's name for :func:`get_dist_backend`: the collective backend for this
+    process's device, nccl with a GPU, gloo without."""
+    return get_dist_backend()
+
+
 def get_torch_device() -> torch.device:
     """The device a worker should compute on; under Ray each worker sees only its own GPU(s)."""
     if not is_cuda_available():

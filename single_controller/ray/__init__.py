@@ -6,10 +6,12 @@ from single_controller.ray.base import (
     RayResourcePool,
     RayWorkerGroup,
     ResourceUnavailableError,
+    SubRayResourcePool,
     create_colocated_worker_cls,
     create_colocated_worker_cls_fused,
     create_colocated_worker_raw_cls,
     merge_resource_pool,
+    split_resource_pool,
 )
 
 __all__ = [
@@ -20,10 +22,12 @@ __all__ = [
     "RayResourcePool",
     "RayWorkerGroup",
     "ResourceUnavailableError",
+    "SubRayResourcePool",
     "create_colocated_worker_cls",
     "create_colocated_worker_cls_fused",
     "create_colocated_worker_raw_cls",
     "merge_resource_pool",
+    "split_resource_pool",
 ]
 
 #: Imported on first use: they pull in megatron-core, which plain groups never need.

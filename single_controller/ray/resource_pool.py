@@ -1,4 +1,5 @@
-"""Ray resource pools: one STRICT_PACK placement group per node entry.
+"""Ray resource pools: one STRICT_PACK placement group per node entry; merges and splits
+of pools (``merge_resource_pool``, ``split_resource_pool``) share their bundles.
 
 When the cluster has a node for every entry, each entry goes to a node of its own
 (``ray.io/node-id`` label selectors); with fewer nodes (a single machine), entries share.
@@ -251,6 +252,16 @@ class RayResourcePool(ResourcePool):
                 f"{self._asked()} needs {' and '.join(problems)}, but {self._cluster_has()}.{hint}"
             )
 
+    def bundles(self) -> list[tuple[PlacementGroup, int]]:
+        """Every rank's bundle, in rank order: ``(placement group, bundle index)``. Creates
+        the placement groups if the pool has none yet."""
+        pgs = self.get_placement_groups()
+        return [
+            (pg, first + local)
+            for pg, first, count in zip(pgs, self.bundle_offsets, self._store, strict=True)
+            for local in range(count)
+        ]
+
     def remove(self) -> None:
         """Release the placement groups it made (and with them any actor still in them)."""
         for pg in (self.pgs or []) if self._owns_pgs else []:
@@ -281,6 +292,70 @@ def merge_resource_pool(rp1: RayResourcePool, rp2: RayResourcePool) -> RayResour
     merged.bundle_offsets = rp1.bundle_offsets + rp2.bundle_offsets
     merged._owns_pgs = False  # the parts own them
     return merged
+
+
+class SubRayResourcePool(RayResourcePool):
+    """``subgroup_world_size`` consecutive bundles of another pool, from its
+    ``start_bundle_index``-th in rank order (``split_resource_pool`` makes them). A group
+    on it has one rank per bundle, and shares each bundle (its GPU) with groups on the
+    parent pool. The bundles may span several placement groups (nodes); each span is one
+    node entry, so local ranks count within it. It never creates or removes placement
+    groups: its parent owns them. ``start_bundle_index`` counts from the first bundle of
+    the pool that was split first, so a split of a split knows where it lies."""
+
+    def __init__(self, parent: RayResourcePool, start_bundle_index: int, subgroup_world_size: int) -> None:
+        bundles = parent.bundles()
+        if not 0 <= start_bundle_index < start_bundle_index + subgroup_world_size <= len(bundles):
+            raise ValueError(
+                f"a sub-pool of {subgroup_world_size} bundles from bundle {start_bundle_index} does not fit "
+                f"in a pool of {len(bundles)}"
+            )
+        segments: list[list[Any]] = []  # [placement group, first bundle, count]
+        for pg, index in bundles[start_bundle_index : start_bundle_index + subgroup_world_size]:
+            last = segments[-1] if segments else None
+            if last is not None and last[0] is pg and last[1] + last[2] == index:
+                last[2] += 1
+            else:
+                segments.append([pg, index, 1])
+        super().__init__(
+            [count for _, _, count in segments],
+            use_gpu=parent.use_gpu,
+            name_prefix=parent.name_prefix,
+            max_colocate_count=parent.max_colocate_count,
+            detached=parent.detached,
+            accelerator_type=parent.accelerator_type,
+            num_cpus_per_bundle=parent.num_cpus_per_bundle,
+        )
+        self.pgs = [pg for pg, _, _ in segments]
+        self.bundle_offsets = [first for _, first, _ in segments]
+        self._owns_pgs = False
+        self.parent = parent
+        self.start_bundle_index = getattr(parent, "start_bundle_index", 0) + start_bundle_index
+        self.subgroup_world_size = subgroup_world_size
+
+
+def split_resource_pool(
+    resource_pool: RayResourcePool, split_size: int | Sequence[int]
+) -> list[SubRayResourcePool]:
+    """Cut a pool (or a sub-pool, to split again) into consecutive sub-pools: of
+    ``split_size`` bundles each, or of the sizes listed, which must add up to the pool's
+    world size. Creates the pool's placement groups if it has none yet. ``ValueError``
+    for a size that does not divide the pool or sizes that do not add up."""
+    world = resource_pool.world_size
+    if isinstance(split_size, (bool, str, bytes)) or not isinstance(split_size, (int, Sequence)):
+        raise ValueError(f"split_size is a positive integer or a list of them, got {split_size!r}")
+    if isinstance(split_size, int):
+        if split_size <= 0 or world % split_size:
+            raise ValueError(f"split_size {split_size} does not divide the pool's world size {world}")
+        sizes = [split_size] * (world // split_size)
+    else:
+        sizes = list(split_size)
+        if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n <= 0 for n in sizes):
+            raise ValueError(f"split sizes must be positive integers, got {sizes!r}")
+        if sum(sizes) != world:
+            raise ValueError(f"split sizes {sizes} add up to {sum(sizes)}, not the pool's world size {world}")
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [SubRayResourcePool(resource_pool, start, size) for start, size in zip(starts, sizes, strict=True)]
 
 
 def cluster_gpu_count() -> float:
