@@ -10,18 +10,14 @@ service starts on first use."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from tests.serve_process import CONFIG, ROOT, ServeProcess
+from tests.serve_process import CONFIG, ServeProcess
 
 TOKEN = "s3cret-token"
 
@@ -103,52 +99,6 @@ def second_service(tmp_path_factory):
         yield proc
     finally:
         proc.stop()
-
-
-class ClientInstall:
-    """`pip install '.[client]'` into a fresh virtual environment, in a thread: begun by a
-    test whose cores are mostly idle (the 40 s call), checked by test_client_install."""
-
-    PACKAGES = ("single_controller", "wire", "app", "deployments", "clients", "bench")
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.python = directory / "venv" / "bin" / "python"
-        self.thread: threading.Thread | None = None
-        self.outcome: subprocess.CompletedProcess | None = None
-
-    def begin(self) -> ClientInstall:
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._install, daemon=True)
-            self.thread.start()
-        return self
-
-    def result(self, timeout_s: float = 600) -> subprocess.CompletedProcess:
-        """The install's pip run (begun now if no test began it)."""
-        self.begin().thread.join(timeout_s)
-        if self.outcome is None:
-            raise TimeoutError(f"the client install did not finish within {timeout_s:g} s")
-        return self.outcome
-
-    def _install(self) -> None:
-        source = self.directory / "source"  # a copy, so the build leaves nothing in the checkout
-        try:
-            source.mkdir()
-            shutil.copy(ROOT / "pyproject.toml", source)
-            for package in self.PACKAGES:
-                shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__", "results"))
-            subprocess.run([sys.executable, "-m", "venv", str(self.python.parent.parent)], check=True, timeout=120)
-            self.outcome = subprocess.run(
-                [str(self.python), "-m", "pip", "install", "--quiet", "--no-compile", f"{source}[client]"],
-                capture_output=True, text=True, timeout=540,
-            )
-        except Exception as exc:  # reported by result(), in the test that checks the install
-            self.outcome = subprocess.CompletedProcess([], 1, "", f"{type(exc).__name__}: {exc}")
-
-
-@pytest.fixture(scope="session")
-def client_install(tmp_path_factory) -> ClientInstall:
-    return ClientInstall(tmp_path_factory.mktemp("client-install"))
 
 
 @pytest.fixture(scope="session")

@@ -226,7 +226,7 @@ def test_a_dataproto_crosses_the_service_both_ways(service):
     """verl's batch type through a served PROTO method: the Python client sends it as
     safetensors (tensors) plus JSON (non-tensor columns, meta_info) and gets one back,
     equal to what the method answers in the library (rows split over 4 ranks, joined)."""
-    from clients import SingleControllerClient
+    from hybridflow_client import SingleControllerClient
     from single_controller.protocol import DataProto
 
     prompts = np.empty(8, dtype=object)

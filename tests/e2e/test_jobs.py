@@ -106,7 +106,7 @@ def test_jobs_survive_the_ingress_replica_restarting(service, http):
 def test_cli_runs_a_job_with_progress(service, http):
     assert http.post("/v1/groups/mlp/init_model", json={"kwargs": {"config": SMALL}}).status_code == 200
     done = subprocess.run(
-        [sys.executable, "-m", "clients.cli", "job", "mlp", "run_layer", "--random-input", "32,2,64",
+        [sys.executable, "-m", "hybridflow_client.cli", "job", "mlp", "run_layer", "--random-input", "32,2,64",
          "--binary", "--split", "4", "--json", "--url", service.url],
         capture_output=True, text=True, timeout=300,
     )

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 import torch
 
-from clients.python_client import AsyncSingleControllerClient, SingleControllerClient
+from hybridflow_client.python_client import AsyncSingleControllerClient, SingleControllerClient
 from tests.mlp_reference import SMALL
 
 pytest.importorskip("httpx")

@@ -1,6 +1,7 @@
-"""The client installs and imports without the server: its imports never reach Ray,
-FastAPI, megatron-core or the server packages, and the project's base dependencies are
-the client's (the server's sit in the `server` extra)."""
+"""The client is a distribution of its own (hybridflow-client/): its imports never reach
+the server (Ray, FastAPI, megatron-core, the service namespace, the library), its
+dependencies are httpx, numpy and safetensors (torch optional), and it has a console
+command for the CLI. The service's distribution installs the server."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+CLIENT = ROOT / "hybridflow-client"
 
 #: Top-level modules a client process must never import.
-SERVER_ONLY = ["ray", "fastapi", "starlette", "uvicorn", "megatron", "tensordict", "omegaconf", "app", "deployments"]
+SERVER_ONLY = ["ray", "fastapi", "starlette", "uvicorn", "megatron", "tensordict", "omegaconf", "hybridflow",
+               "single_controller", "torch"]
 
 GUARDED_IMPORT = textwrap.dedent(
     """
@@ -28,43 +31,41 @@ GUARDED_IMPORT = textwrap.dedent(
             return None
 
     sys.meta_path.insert(0, NoServer())
-    import clients, clients.python_client, clients.cli
-    from clients import AsyncSingleControllerClient, SingleControllerClient
-    assert clients.cli.build_parser().parse_args(["groups"]).command == "groups"
+    import hybridflow_client, hybridflow_client.python_client, hybridflow_client.cli
+    from hybridflow_client import AsyncSingleControllerClient, SingleControllerClient
+    assert hybridflow_client.cli.build_parser().parse_args(["groups"]).command == "groups"
     print(sorted(name for name in sys.modules if name.split(".")[0] in BLOCKED))
     """
 )
-
-
-def test_client_modules_import_nothing_of_the_server():
-    result = subprocess.run(
-        [sys.executable, "-c", GUARDED_IMPORT, ",".join(SERVER_ONLY)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == "[]"
 
 
 def requirement_names(requirements: list[str]) -> set[str]:
     return {req.split("[")[0].split("=")[0].split("<")[0].split(">")[0].strip().lower() for req in requirements}
 
 
-def test_base_dependencies_are_the_clients_and_the_server_is_an_extra():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    base = requirement_names(project["dependencies"])
-    assert base <= {"torch", "numpy", "safetensors", "httpx", "tqdm"}
-    assert {"torch", "numpy", "safetensors", "httpx"} <= base
-    extras = project["optional-dependencies"]
-    assert "httpx" in requirement_names(extras["client"])
-    assert {"ray", "megatron-core", "fastapi", "pydantic", "uvicorn", "tensordict"} <= requirement_names(extras["server"])
-    assert "pytest" in requirement_names(extras["dev"])
+def test_the_client_imports_nothing_of_the_server_and_runs_without_torch():
+    # torch blocked too: the client works with numpy alone
+    result = subprocess.run(
+        [sys.executable, "-c", GUARDED_IMPORT, ",".join(SERVER_ONLY)],
+        cwd=CLIENT, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]"
 
 
-def test_make_and_docker_install_the_server_extra():
-    assert "-e '.[server,dev]'" in (ROOT / "Makefile").read_text()
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    # The image installs the project's wheel with the server extra; the wheel carries
-    # every package the service imports.
-    assert '.whl)[server]"' in dockerfile
-    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
-    assert {"single_controller*", "wire*", "app*", "deployments*", "clients*"} <= set(packages["include"])
+def test_the_client_distribution_depends_on_httpx_numpy_and_safetensors_only():
+    project = tomllib.loads((CLIENT / "pyproject.toml").read_text())["project"]
+    assert "client" in project["name"]
+    assert requirement_names(project["dependencies"]) == {"httpx", "numpy", "safetensors"}
+    assert requirement_names(project["optional-dependencies"]["torch"]) == {"torch"}
+    assert project["scripts"]["hybridflow"] == "hybridflow_client.cli:main"
+
+
+def test_make_and_docker_install_the_server_and_the_tests_the_client():
+    makefile = (ROOT / "Makefile").read_text()
+    assert "-e '.[dev]'" in makefile and "-e ./hybridflow-client" in makefile
+    server = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert {"ray", "megatron-core", "fastapi", "pydantic", "uvicorn", "tensordict"} <= requirement_names(
+        server["project"]["dependencies"])
+    packages = set(server["tool"]["setuptools"]["packages"]["find"]["include"])
+    assert {"single_controller*", "hybridflow*"} <= packages and not any("client" in p for p in packages)

@@ -17,8 +17,6 @@ import httpx
 import pytest
 import torch
 
-from clients import cli
-from clients.python_client import AsyncSingleControllerClient, ServiceError, SingleControllerClient
 from hybridflow.control.contract import (
     CallRequest,
     CallResult,
@@ -32,6 +30,8 @@ from hybridflow.http.app import create_app
 from hybridflow.http.settings import IngressSettings, ModelRoute
 from hybridflow.wire.oip_messages import parse_infer_request
 from hybridflow.wire.safetensors_call import decode_safetensors
+from hybridflow_client import cli
+from hybridflow_client.python_client import AsyncSingleControllerClient, ServiceError, SingleControllerClient
 from tests.unit.served_app import served
 
 SAFETENSORS = "application/x-safetensors"
@@ -312,7 +312,9 @@ def test_errors_carry_status_message_and_retry_after(client):
     assert caught.value.status_code == 422 and "4 ranks" in caught.value.message
     with pytest.raises(ServiceError) as caught:
         client.call("broken", "add")
-    assert caught.value.status_code == 500 and caught.value.message == "Internal Server Error"
+    # JSON like every error, without the traceback
+    assert caught.value.status_code == 500 and caught.value.message.startswith("internal error (RuntimeError)")
+    assert "the controller broke" not in caught.value.message
 
 
 def test_bearer_token_and_idempotency_key(fake):
