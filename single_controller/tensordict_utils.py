@@ -29,6 +29,8 @@ __all__ = [
     "get_tensordict",
     "index_select_tensor_dict",
     "is_jagged",
+    "jagged_from_parts",
+    "jagged_parts",
     "object_column",
     "pad_to_divisor",
     "pop",
@@ -104,6 +106,35 @@ def concat_nested_tensors(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
             raise ValueError(f"tensor {i}: a nested tensor has two or more dimensions, got shape {tuple(tensor.shape)}")
         rows.extend(tensor.unbind(0))
     return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+
+def jagged_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A jagged tensor as plain tensors, e.g. to send over a wire: ``(values, offsets,
+    ragged_dim)``. ``values`` holds every row's elements, the rows joined along dimension
+    ``ragged_dim - 1`` of a row; ``offsets`` (int64, one more than the rows) is where each
+    row starts in it. :func:`jagged_from_parts` reverses it."""
+    if not is_jagged(tensor) or tensor.layout != torch.jagged:
+        raise ValueError("jagged_parts takes a nested tensor with layout=torch.jagged")
+    if tensor.lengths() is not None:  # rows with gaps between them: pack them first
+        tensor = torch.nested.as_nested_tensor(list(tensor.unbind(0)), layout=torch.jagged)
+    return tensor.values(), tensor.offsets().to(torch.int64), int(tensor._ragged_idx)
+
+
+def jagged_from_parts(values: torch.Tensor, offsets: torch.Tensor, ragged_dim: int = 1) -> torch.Tensor:
+    """The jagged tensor :func:`jagged_parts` took apart, as a view of ``values`` (no copy
+    of the elements; work in proportion to the rows). ``ValueError`` unless the offsets
+    are one-dimensional integers that start at 0, never decrease and end at the length
+    of ``values`` along the ragged dimension."""
+    if isinstance(ragged_dim, bool) or not isinstance(ragged_dim, int) or not 1 <= ragged_dim <= values.dim():
+        raise ValueError(f"ragged_dim must be between 1 and {values.dim()} for values of shape {tuple(values.shape)}")
+    if offsets.dim() != 1 or offsets.numel() < 2 or offsets.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"offsets must be a 1-D integer tensor of rows + 1 entries, got {offsets.dtype} "
+                         f"of shape {tuple(offsets.shape)}")
+    offsets = offsets.to(torch.int64)
+    total = values.shape[ragged_dim - 1]
+    if offsets[0] != 0 or offsets[-1] != total or bool((offsets[1:] < offsets[:-1]).any()):
+        raise ValueError(f"offsets must start at 0, never decrease and end at {total} (the values' ragged length)")
+    return torch.nested.nested_tensor_from_jagged(values, offsets, jagged_dim=ragged_dim)
 
 
 def _split_jagged(tensor: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
