@@ -127,34 +127,39 @@ def _check_distinct(src: Any, dst: Any) -> None:
 
 # -- staging -------------------------------------------------------------------------------
 def _stage_through_object_store(
-    src: Any, dst: Any, staged_id: str, version: int, plan: ReshardPlan, timeout_s: float
+    src: Any, dst: Any, sync_id: str, version: int, plan: ReshardPlan, timeout_s: float
 ) -> list[dict[str, Any]]:
     # Each distinct piece is put once by its source rank; each destination rank fetches
-    # the ones it needs. The destinations get the source calls' own futures (and where
-    # in each answer a piece's reference is), so both go out at once, with no round trip
-    # between. (execute_all hands item r of a list of world-size items to rank r.)
+    # the ones it needs. The stage goes out only once every piece is in the store, so a
+    # destination rank (which runs one call at a time) never waits on a busy source.
+    # (execute_all hands item r of a list of world-size items to rank r.)
     pieces = plan.pieces_by_src_rank()
-    puts = src.execute_all_async("_put_weight_slices", pieces)
-    index = {(rank, param, box): i for rank, held in enumerate(pieces) for i, (param, box) in enumerate(held)}
+    refs_by_src = _all_ranks(src, "_put_weight_slices", pieces, timeout_s=timeout_s)
+    ref_of = {
+        (rank, param, box): ref
+        for rank, (held, refs) in enumerate(zip(pieces, refs_by_src, strict=True))
+        for (param, box), ref in zip(held, refs, strict=True)
+    }
     transfers = [plan.per_dst[rank] for rank in range(plan.dst_world)]
-    sources = [[(puts[t.src_rank], index[t.piece]) for t in rank_transfers] for rank_transfers in transfers]
-    stages = dst.execute_all_async("_stage_weights", staged_id, version, transfers, sources)
-    ray.get(puts, timeout=timeout_s)
-    return ray.get(stages, timeout=timeout_s)
+    refs = [[ref_of[t.piece] for t in rank_transfers] for rank_transfers in transfers]
+    return _all_ranks(dst, "_stage_weights", sync_id, version, transfers, refs, timeout_s=timeout_s)
 
 
 def _stage_through_collective(
-    src: Any, dst: Any, staged_id: str, version: int, plan: ReshardPlan, backend: str, timeout_s: float
+    src: Any, dst: Any, sync_id: str, version: int, plan: ReshardPlan, backend: str, timeout_s: float
 ) -> list[dict[str, Any]]:
+    # Opening the rendezvous is a call on every source rank: once it answers, the source
+    # ranks have reached the transfer in their call order, and the destination ranks'
+    # stage (which holds each of them until its slices arrive) waits on no other call.
     host = plan.src_ranks[0]
     opened = _all_ranks(
         src, "_open_weight_transfer", [r == host for r in range(plan.src_world)], timeout_s, timeout_s=timeout_s
     )
     addr, port = opened[host]
-    group = TransferGroup(staged_id, addr, port, backend, timeout_s)
+    group = TransferGroup(sync_id, addr, port, backend, timeout_s)
     try:
         sends = src.execute_all_async("_send_weight_slices", group, plan)
-        stages = dst.execute_all_async("_stage_weights", staged_id, version, group=group, plan=plan)
+        stages = dst.execute_all_async("_stage_weights", sync_id, version, group=group, plan=plan)
         # a margin over the process group's own timeout, which fails the ranks first
         ray.get(sends, timeout=timeout_s + 30)
         return ray.get(stages, timeout=timeout_s + 30)
@@ -170,8 +175,8 @@ def stage_weights(
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> StagedSync:
     """Plan and move ``src``'s weights into a staged copy on every rank of ``dst``; the
-    live weights of ``dst`` stay as they are. ``version`` defaults to the destination's
-    current version plus one. ``transport``: ``auto``, ``object_store`` or
+    live weights of ``dst`` stay as they are. ``version`` (above the destination's
+    current one) defaults to the current one plus one. ``transport``: ``auto``, ``object_store`` or
     ``collective``. Layouts that do not match raise ValueError before anything moves;
     a failure while moving drops what was staged and raises :class:`WeightSyncError`."""
     started = time.perf_counter()
@@ -184,8 +189,11 @@ def stage_weights(
     src_layout, dst_layout = WeightLayout(tuple(src_ranks)), WeightLayout(tuple(dst_ranks))
     plan = plan_resharding(src_layout, dst_layout)
     route = choose_transport(src_layout, dst_layout, plan, transport)
+    current = _agreed_version(versions)
     if version is None:
-        version = _agreed_version(versions) + 1
+        version = current + 1
+    elif version <= current:
+        raise ValueError(f"version {version} is not above the destination's current weights version {current}")
     sync_id = uuid.uuid4().hex
     try:
         if route.transport == COLLECTIVE:

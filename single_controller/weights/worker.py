@@ -74,7 +74,7 @@ class WeightSyncWorker:
 
     # -- what a layer implements --------------------------------------------------------
     def _declare_weights(self) -> RankWeights:
-        """This rank's layout; ``device``/``device_key`` may be left for the mixin to fill."""
+        """This rank's layout (the mixin fills in ``device`` and ``device_key``)."""
         raise NotImplementedError
 
     def _weight_storage(self) -> dict[str, torch.Tensor]:
@@ -104,7 +104,14 @@ class WeightSyncWorker:
 
     def _weight_layout(self) -> RankWeights:
         declared = self._declare_weights()
-        live = next(iter(self._weight_storage().values()))
+        storage = self._weight_storage()
+        views = self._views_checked(storage)
+        for spec in declared.params:  # the declaration must describe what the views hold
+            view = views.get(spec.name)
+            held = None if view is None else (tuple(view.shape), str(view.dtype).removeprefix("torch."))
+            if held != (declared.shard_shape(spec.name), spec.dtype):
+                raise ValueError(f"{spec.name}: declared as a {declared.shard_shape(spec.name)} {spec.dtype} shard, holds {held}")
+        live = next(iter(storage.values()))
         kind = live.device.type
         return RankWeights(
             rank=declared.rank, tp_rank=declared.tp_rank, tp_size=declared.tp_size, dp_rank=declared.dp_rank,
@@ -178,16 +185,14 @@ class WeightSyncWorker:
         sync_id: str,
         version: int,
         transfers: tuple[SliceTransfer, ...] = (),
-        sources: list[tuple[Any, int]] | None = None,
+        refs: list[Any] | None = None,
         group: TransferGroup | None = None,
         plan: ReshardPlan | None = None,
     ) -> dict[str, Any]:
         """Receive this rank's slices into a new storage and keep it staged under
-        ``sync_id`` (replacing any earlier staging): through the object store, from
-        ``sources`` (per transfer, the future of its source rank's ``_put_weight_slices``
-        and the index of its piece's reference in that answer), or over ``group`` for
-        ``plan``. Answers what arrived: bytes, slice count, and per slice (param, src
-        rank, bytes)."""
+        ``sync_id`` (replacing any earlier staging): from ``refs`` (one ObjectRef per
+        transfer) through the object store, or over ``group`` for ``plan``. Answers what
+        arrived: bytes, slice count, and per slice (param, src rank, bytes)."""
         version = self._check_version(version)
         started = time.perf_counter()
         self._staged = None
@@ -201,7 +206,7 @@ class WeightSyncWorker:
                 close_group(pg)
             transfers = plan.per_dst[self.rank]
         else:
-            received = self._fetch_slices(transfers, sources or [], views)
+            received = self._fetch_slices(transfers, refs or [], views)
         covered = {}
         for transfer in transfers:
             covered[transfer.param] = covered.get(transfer.param, 0) + transfer.numel
@@ -218,15 +223,13 @@ class WeightSyncWorker:
         }
 
     def _fetch_slices(
-        self, transfers: tuple[SliceTransfer, ...], sources: list[tuple[Any, int]], views: dict[str, torch.Tensor]
+        self, transfers: tuple[SliceTransfer, ...], refs: list[Any], views: dict[str, torch.Tensor]
     ) -> list[tuple[str, int, int]]:
         import ray
 
-        if len(sources) != len(transfers):
-            raise ValueError(f"{len(transfers)} slices planned for rank {self.rank} but {len(sources)} sources given")
-        puts = list(dict.fromkeys(future for future, _ in sources))
-        answers = dict(zip(puts, ray.get(puts), strict=True))
-        arrays = ray.get([answers[future][index] for future, index in sources])
+        if len(refs) != len(transfers):
+            raise ValueError(f"{len(transfers)} slices planned for rank {self.rank} but {len(refs)} references given")
+        arrays = ray.get(list(refs))
         received = []
         for transfer, array in zip(transfers, arrays, strict=True):
             if array.nbytes != transfer.nbytes:

@@ -210,6 +210,8 @@ def test_a_failed_stage_keeps_the_old_weights_and_version(groups):
     trained(src, 12)
     dst.init_model(config(13))
     sync_weights(src, dst, version=41)
+    with pytest.raises(ValueError, match="version 41 is not above the destination's current weights version 41"):
+        sync_weights(src, dst, version=41)
     x = torch.randn(3, 2, HIDDEN)
     y = dst.run_layer([x])[0]
     src.train_step(torch.randn(3, 2, HIDDEN), torch.randn(3, 2, HIDDEN), 1.0)
