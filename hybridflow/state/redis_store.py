@@ -11,6 +11,7 @@ from typing import Any
 from hybridflow.state.store import (
     DEFAULT_MAX_ANSWER_BYTES,
     DEFAULT_MAX_ANSWERS,
+    SNAPSHOT_PART_BYTES,
     ScopeMeta,
     ScopeState,
     StateStore,
@@ -21,25 +22,36 @@ from hybridflow.state.store import (
 # Each operation is one Lua script: Redis runs a script whole, with no other command in
 # between, and appends it to the append-only file as one unit. Keys of a scope: meta
 # (hash), journal (hash seq -> entry), seqs (sorted set of seq), answer fingerprints and
-# bodies (hashes by key), answer order (sorted set), and snapshot:<generation> (hash part
-# -> bytes). A snapshot's parts are written one command each under a new generation, with
-# an expiry so that parts a crash leaves behind go away; one script then makes it the
-# scope's snapshot (removing the expiry), truncates the journal and drops the old one.
+# bodies (hashes by key), answer order (sorted set), snapshot:<generation> (hash part ->
+# bytes), parted (hash seq -> generation) and entry:<generation> (hash part -> bytes). A
+# snapshot's parts, and those of a journal entry larger than a part, are written one
+# command each under a new generation, with an expiry so that parts a crash leaves behind
+# go away; one script then makes them the scope's snapshot (or a journal entry, whose
+# value in journal is then empty) and removes the expiry. A snapshot's script truncates
+# the journal, with the parts of the entries it covers, and drops the old snapshot.
 
 _RECORD_LUA = """
-local meta, journal, seqs, fingerprints, bodies, order, scopes = unpack(KEYS)
-local seq, entry, scope = ARGV[1], ARGV[2], ARGV[3]
-redis.call('SADD', scopes, scope)
+local meta, journal, seqs, fingerprints, bodies, order, scopes, parted, staged = unpack(KEYS)
+local seq, entry, scope, generation = ARGV[1], ARGV[2], ARGV[3], ARGV[10]
 if seq ~= '' then
   local covered = tonumber(redis.call('HGET', meta, 'snapshot_seq') or '0')
   if tonumber(seq) <= covered then
     return redis.error_reply('COVERED call ' .. seq .. ' is covered by the snapshot at ' .. covered)
   end
-  if redis.call('HSETNX', journal, seq, entry) == 0 then
+  if redis.call('HEXISTS', journal, seq) == 1 then
     return redis.error_reply('DUPLICATE call ' .. seq .. ' is already recorded')
   end
+  if generation ~= '' then
+    if redis.call('EXISTS', staged) == 0 then
+      return redis.error_reply('LOST the parts of call ' .. seq .. ' expired before they were complete')
+    end
+    redis.call('PERSIST', staged)
+    redis.call('HSET', parted, seq, generation)
+  end
+  redis.call('HSET', journal, seq, entry)
   redis.call('ZADD', seqs, seq, seq)
 end
+redis.call('SADD', scopes, scope)
 local key = ARGV[4]
 if key == '' or redis.call('HEXISTS', fingerprints, key) == 1 then
   return 0
@@ -66,8 +78,8 @@ return 1
 """
 
 _SNAPSHOT_LUA = """
-local meta, journal, seqs, staged, scopes = unpack(KEYS)
-local seq, scope, generation, prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local meta, journal, seqs, staged, scopes, parted = unpack(KEYS)
+local seq, scope, generation, prefix, entry_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local covered = tonumber(redis.call('HGET', meta, 'snapshot_seq') or '0')
 if tonumber(seq) < covered then
   return redis.error_reply('OLDER a snapshot at ' .. covered .. ' is newer than ' .. seq)
@@ -85,6 +97,13 @@ local old = redis.call('ZRANGEBYSCORE', seqs, '-inf', seq)
 for i = 1, #old, 1000 do
   redis.call('HDEL', journal, unpack(old, i, math.min(i + 999, #old)))
 end
+for _, covered_seq in ipairs(old) do
+  local entry_generation = redis.call('HGET', parted, covered_seq)
+  if entry_generation then
+    redis.call('UNLINK', entry_prefix .. entry_generation)
+    redis.call('HDEL', parted, covered_seq)
+  end
+end
 redis.call('ZREMRANGEBYSCORE', seqs, '-inf', seq)
 redis.call('HSET', meta, 'snapshot_seq', seq)
 redis.call('SADD', scopes, scope)
@@ -92,13 +111,19 @@ return 0
 """
 
 _LOAD_LUA = """
-local meta, journal = KEYS[1], KEYS[2]
+local meta, journal, parted = KEYS[1], KEYS[2], KEYS[3]
 local state = redis.call('HMGET', meta, 'snapshot_seq', 'snapshot_generation')
 local parts = {}
 if state[2] then
   parts = redis.call('HGETALL', ARGV[1] .. state[2])
 end
-return {state[1] or '0', parts, redis.call('HGETALL', journal)}
+local entries = {}
+local generations = redis.call('HGETALL', parted)
+for i = 1, #generations, 2 do
+  entries[#entries + 1] = generations[i]
+  entries[#entries + 1] = redis.call('HGETALL', ARGV[2] .. generations[i + 1])
+end
+return {state[1] or '0', parts, redis.call('HGETALL', journal), entries}
 """
 
 _CLAIM_META_LUA = """
@@ -113,25 +138,36 @@ return {}
 """
 
 _RESET_LUA = """
-local scopes = KEYS[#KEYS]
-if ARGV[2] == '1' and redis.call('HGET', KEYS[1], 'reset_token') == ARGV[3] then
+local scopes, parted = KEYS[#KEYS], KEYS[#KEYS - 1]
+local token = redis.call('HGET', KEYS[1], 'reset_token')
+if ARGV[2] == '1' and token == ARGV[3] then
   return 0
 end
 local generation = redis.call('HGET', KEYS[1], 'snapshot_generation')
 if generation then
   redis.call('UNLINK', ARGV[4] .. generation)
 end
+for _, entry_generation in ipairs(redis.call('HVALS', parted)) do
+  redis.call('UNLINK', ARGV[5] .. entry_generation)
+end
 for i = 1, #KEYS - 1 do
   redis.call('DEL', KEYS[i])
 end
 if ARGV[2] == '1' then
-  redis.call('HSET', KEYS[1], 'reset_token', ARGV[3])
+  token = ARGV[3]
+end
+if token then
+  redis.call('HSET', KEYS[1], 'reset_token', token)
   redis.call('SADD', scopes, ARGV[1])
 else
   redis.call('SREM', scopes, ARGV[1])
 end
 return 1
 """
+
+#: Redis's defaults for proto-max-bulk-len and client-query-buffer-limit.
+REDIS_MAX_BULK_BYTES = 512 << 20
+REDIS_MAX_QUERY_BYTES = 1 << 30
 
 
 class RedisStateStore(StateStore):
@@ -140,7 +176,7 @@ class RedisStateStore(StateStore):
     namespace per application). Each write is one Lua script, so it is atomic; a
     connection failure raises :class:`StateStoreUnavailable`."""
 
-    _KEY_SUFFIXES = ("meta", "journal", "seqs", "fingerprints", "bodies", "order")
+    _KEY_SUFFIXES = ("meta", "journal", "seqs", "fingerprints", "bodies", "order", "parted")
     #: How long the parts of a snapshot being written may take to be complete.
     STAGED_SNAPSHOT_TTL_S = 24 * 3600
 
@@ -163,19 +199,47 @@ class RedisStateStore(StateStore):
         self.namespace = namespace
         self.url = url
         self._redis = redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s)
-        with self._calls():
-            aof = self._redis.info("persistence").get("aof_enabled")
-        if require_aof and not aof:
+        try:
+            self._check_server(require_aof)
+        except BaseException:
             self._redis.close()
-            raise ValueError(
-                f"Redis at {url} runs without its append-only file, so a reply would not mean the state is "
-                "written: start it with 'appendonly yes' (or pass require_aof=False knowingly)"
-            )
+            raise
         self._record_script = self._redis.register_script(_RECORD_LUA)
         self._snapshot_script = self._redis.register_script(_SNAPSHOT_LUA)
         self._load_script = self._redis.register_script(_LOAD_LUA)
         self._claim_script = self._redis.register_script(_CLAIM_META_LUA)
         self._reset_script = self._redis.register_script(_RESET_LUA)
+
+    def _check_server(self, require_aof: bool) -> None:
+        """Refuse a server that would lose acknowledged state (no append-only file, or a
+        policy that evicts keys when memory runs short: journal keys would go), and take
+        the server's bound on one value."""
+        with self._calls():
+            aof = self._redis.info("persistence").get("aof_enabled")
+            policy = self._redis.info("memory").get("maxmemory_policy", "noeviction")
+        if require_aof and not aof:
+            raise ValueError(
+                f"Redis at {self.url} runs without its append-only file, so a reply would not mean the state is "
+                "written: start it with 'appendonly yes' (or pass require_aof=False knowingly)"
+            )
+        if policy != "noeviction":
+            raise ValueError(
+                f"Redis at {self.url} has maxmemory-policy {policy}: when its memory is full it evicts keys, the "
+                "journal's among them, and acknowledged calls would be lost. Set 'maxmemory-policy noeviction' "
+                "(then a full server refuses writes, which the service answers with 503)"
+            )
+        bulk = self._config_int("proto-max-bulk-len", REDIS_MAX_BULK_BYTES)
+        query = self._config_int("client-query-buffer-limit", REDIS_MAX_QUERY_BYTES)
+        self._value_limit(min(bulk, query - SNAPSHOT_PART_BYTES), f"the largest value Redis at {self.url} takes "
+                          "(proto-max-bulk-len, or client-query-buffer-limit less a part)")
+
+    def _config_int(self, name: str, default: int) -> int:
+        """A server setting, or Redis's default where CONFIG is not allowed (managed servers)."""
+        try:
+            value = self._redis.config_get(name).get(name)
+            return int(value) if value is not None else default
+        except (self._errors.ResponseError, ValueError):
+            return default
 
     def close(self) -> None:
         self._redis.close()
@@ -197,6 +261,9 @@ class RedisStateStore(StateStore):
 
     def _snapshot_prefix(self, scope: str) -> str:
         return f"{self.namespace}:scope:{scope}:snapshot:"
+
+    def _entry_prefix(self, scope: str) -> str:
+        return f"{self.namespace}:scope:{scope}:entry:"
 
     @property
     def _scopes_key(self) -> str:
@@ -222,13 +289,15 @@ class RedisStateStore(StateStore):
     def _load(self, scope: str) -> ScopeState:
         keys = self._keys(scope)
         with self._calls():  # one script: one consistent read
-            snapshot_seq, parts, journal = self._load_script(
-                keys=[keys["meta"], keys["journal"]], args=[self._snapshot_prefix(scope)]
+            snapshot_seq, parts, journal, parted = self._load_script(
+                keys=[keys["meta"], keys["journal"], keys["parted"]],
+                args=[self._snapshot_prefix(scope), self._entry_prefix(scope)],
             )
-        by_index = {int(parts[i]): parts[i + 1] for i in range(0, len(parts), 2)}
-        snapshot = b"".join(by_index[i] for i in range(len(by_index))) if by_index else None
-        entries = sorted((int(journal[i]), journal[i + 1]) for i in range(0, len(journal), 2))
-        return ScopeState(snapshot, int(snapshot_seq), entries)
+        snapshot = _joined(parts)
+        by_seq = {int(journal[i]): journal[i + 1] for i in range(0, len(journal), 2)}
+        for i in range(0, len(parted), 2):
+            by_seq[int(parted[i])] = _joined(parted[i + 1]) or b""
+        return ScopeState(snapshot, int(snapshot_seq), sorted(by_seq.items()))
 
     def _script_keys(self, scope: str, *suffixes: str) -> list[str]:
         keys = self._keys(scope)
@@ -242,15 +311,46 @@ class RedisStateStore(StateStore):
         return [kept.key, kept.fingerprint, "1" if has_body else "0", kept.answer if has_body else b"",
                 self.max_answers, self.max_answer_bytes]
 
-    def _record(self, scope: str, seq: int, entry: bytes, answer: StoredAnswer | None) -> None:
+    def _record_keys(self, scope: str, staged: str) -> list[str]:
         keys = self._script_keys(scope, "meta", "journal", "seqs", "fingerprints", "bodies", "order")
-        with self._calls():
-            self._record_script(keys=keys, args=[seq, entry, scope, *self._answer_args(answer)])
+        return [*keys, self._keys(scope)["parted"], staged]
+
+    def _record(self, scope: str, seq: int, parts: list[bytes], answer: StoredAnswer | None) -> None:
+        if len(parts) == 1:
+            keys = self._record_keys(scope, self._entry_prefix(scope))
+            with self._calls():
+                self._record_script(keys=keys, args=[seq, parts[0], scope, *self._answer_args(answer), ""])
+            return
+        generation = uuid.uuid4().hex
+        staged = self._entry_prefix(scope) + generation
+        with self._staged(staged, parts):
+            self._record_script(keys=self._record_keys(scope, staged),
+                                args=[seq, b"", scope, *self._answer_args(answer), generation])
 
     def _put_answer(self, scope: str, answer: StoredAnswer) -> bool:
-        keys = self._script_keys(scope, "meta", "journal", "seqs", "fingerprints", "bodies", "order")
+        keys = self._record_keys(scope, self._entry_prefix(scope))
         with self._calls():
-            return bool(self._record_script(keys=keys, args=["", "", scope, *self._answer_args(answer)]))
+            return bool(self._record_script(keys=keys, args=["", "", scope, *self._answer_args(answer), ""]))
+
+    @contextmanager
+    def _staged(self, staged: str, parts: list[bytes]) -> Iterator[None]:
+        """Write ``parts`` under the key ``staged`` a command each (other clients go
+        between), expiring unless the block's script makes them permanent; on a failure
+        they are removed at once (best effort: the expiry removes them otherwise)."""
+        try:
+            with self._calls():
+                for index, part in enumerate(parts):
+                    pipe = self._redis.pipeline(transaction=False)
+                    pipe.hset(staged, str(index), part)
+                    pipe.expire(staged, self.STAGED_SNAPSHOT_TTL_S)
+                    pipe.execute()
+                yield
+        except BaseException:
+            try:
+                self._redis.unlink(staged)
+            except self._errors.RedisError:
+                pass
+            raise
 
     def _get_answer(self, scope: str, key: str) -> StoredAnswer | None:
         keys = self._keys(scope)
@@ -270,29 +370,25 @@ class RedisStateStore(StateStore):
         generation = uuid.uuid4().hex
         staged = self._snapshot_prefix(scope) + generation
         keys = self._keys(scope)
-        script_keys = [meta, keys["journal"], keys["seqs"], staged, self._scopes_key]
-        try:
-            with self._calls():
-                for index, part in enumerate(parts):  # a command a part: other clients go between
-                    pipe = self._redis.pipeline(transaction=False)
-                    pipe.hset(staged, str(index), part)
-                    pipe.expire(staged, self.STAGED_SNAPSHOT_TTL_S)
-                    pipe.execute()
-                self._snapshot_script(keys=script_keys, args=[seq, scope, generation, self._snapshot_prefix(scope)])
-        except BaseException:
-            try:  # best effort: the expiry removes the parts otherwise
-                self._redis.unlink(staged)
-            except self._errors.RedisError:
-                pass
-            raise
+        script_keys = [meta, keys["journal"], keys["seqs"], staged, self._scopes_key, keys["parted"]]
+        with self._staged(staged, parts):
+            self._snapshot_script(keys=script_keys, args=[
+                seq, scope, generation, self._snapshot_prefix(scope), self._entry_prefix(scope)])
 
     def _reset(self, scope: str, once_per: str | None) -> bool:
         keys = self._script_keys(scope, *self._KEY_SUFFIXES)
         flag = "0" if once_per is None else "1"
         with self._calls():
-            done = self._reset_script(keys=keys, args=[scope, flag, once_per or "", self._snapshot_prefix(scope)])
+            done = self._reset_script(keys=keys, args=[
+                scope, flag, once_per or "", self._snapshot_prefix(scope), self._entry_prefix(scope)])
         return bool(done)
 
     def _scopes(self) -> list[str]:
         with self._calls():
             return [member.decode() for member in self._redis.smembers(self._scopes_key)]
+
+
+def _joined(parts: list[bytes]) -> bytes | None:
+    """The value of a hash of parts (HGETALL's flat list: index, bytes, ...), or None."""
+    by_index = {int(parts[i]): parts[i + 1] for i in range(0, len(parts), 2)}
+    return b"".join(by_index[i] for i in range(len(by_index))) if by_index else None

@@ -23,7 +23,8 @@ from hybridflow.state.store import (
     StoredAnswer,
 )
 
-_SCHEMA_VERSION = 1
+#: 2: journal entries may be stored in parts (journal.generation, journal_parts).
+_SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS scopes (
     scope TEXT PRIMARY KEY,
@@ -40,8 +41,18 @@ CREATE TABLE IF NOT EXISTS journal (
     scope TEXT NOT NULL,
     seq INTEGER NOT NULL,
     entry BLOB NOT NULL,
+    generation TEXT,
     PRIMARY KEY (scope, seq)
 );
+CREATE TABLE IF NOT EXISTS journal_parts (
+    scope TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    generation TEXT NOT NULL,
+    part INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (scope, generation, part)
+);
+CREATE INDEX IF NOT EXISTS journal_parts_by_seq ON journal_parts (scope, seq);
 CREATE TABLE IF NOT EXISTS snapshot_parts (
     scope TEXT NOT NULL,
     generation TEXT NOT NULL,
@@ -67,10 +78,11 @@ class SQLiteStateStore(StateStore):
     process of the application. One connection per store, used under a lock; writes take
     the database's write lock at once (``BEGIN IMMEDIATE``) and wait up to
     ``busy_timeout_s`` for another process's transaction, which lasts a fraction of a
-    millisecond for a call. A snapshot is written a part (:data:`SNAPSHOT_PART_BYTES`) per
-    transaction, out of sight until one short transaction makes it the scope's snapshot,
-    so other writers wait for one part at most; a large read (:meth:`load`) runs on a
-    connection of its own, as WAL readers never block writers."""
+    millisecond for a call. A snapshot, and a journal entry larger than a part, is written a
+    part (:data:`SNAPSHOT_PART_BYTES`) per transaction, out of sight until one short
+    transaction makes it the scope's snapshot (or a journal entry), so other writers wait
+    for one part at most and no value reaches SQLite's blob limit; a large read
+    (:meth:`load`) runs on a connection of its own, as WAL readers never block writers."""
 
     def __init__(
         self,
@@ -105,12 +117,19 @@ class SQLiteStateStore(StateStore):
                     raise ValueError(
                         f"{self.path} holds state schema {version}; this code knows {_SCHEMA_VERSION}"
                     )
+                if version == 1:  # journal entries in one value only: the column parts need
+                    conn.execute("ALTER TABLE journal ADD COLUMN generation TEXT")
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
         except sqlite3.Error as exc:
             raise StateStoreUnavailable(f"cannot open the state file {self.path}: {exc}") from exc
+        try:
+            self._value_limit(self._conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH), "SQLite's largest value")
+        except ValueError:
+            self._conn.close()
+            raise
         self.synchronous = synchronous
 
     def close(self) -> None:
@@ -208,24 +227,55 @@ class SQLiteStateStore(StateStore):
                 "SELECT data FROM snapshot_parts WHERE scope = ? AND generation = ? ORDER BY part",
                 (scope, generation),
             )]
-            entries = [(seq, bytes(entry)) for seq, entry in conn.execute(
-                "SELECT seq, entry FROM journal WHERE scope = ? AND seq > ? ORDER BY seq", (scope, snapshot_seq)
-            )]
+            rows = conn.execute(
+                "SELECT seq, entry, generation FROM journal WHERE scope = ? AND seq > ? ORDER BY seq",
+                (scope, snapshot_seq),
+            ).fetchall()
+            entries = [(seq, bytes(entry) if generation is None else b"".join(row[0] for row in conn.execute(
+                "SELECT data FROM journal_parts WHERE scope = ? AND generation = ? ORDER BY part", (scope, generation)
+            ))) for seq, entry, generation in rows]
         return ScopeState(b"".join(parts) if parts else None, snapshot_seq, entries)
 
-    def _record(self, scope: str, seq: int, entry: bytes, answer: StoredAnswer | None) -> None:
-        with self._write() as conn:
-            snapshot_seq = self._snapshot_seq(conn, scope)
-            if snapshot_seq is None:
-                conn.execute("INSERT INTO scopes (scope) VALUES (?)", (scope,))
-            elif seq <= snapshot_seq:
-                raise ValueError(f"call {seq} of {scope!r} is covered by the snapshot at {snapshot_seq}")
-            try:
-                conn.execute("INSERT INTO journal (scope, seq, entry) VALUES (?, ?, ?)", (scope, seq, entry))
-            except sqlite3.IntegrityError:
-                raise ValueError(f"call {seq} of {scope!r} is already recorded") from None
-            if answer is not None:
-                self._insert_answer(conn, scope, answer)
+    def _record(self, scope: str, seq: int, parts: list[bytes], answer: StoredAnswer | None) -> None:
+        if len(parts) == 1:
+            with self._write() as conn:
+                self._insert_entry(conn, scope, seq, parts[0], None, answer)
+            return
+        with self._read() as conn:  # refuse before writing what would be refused
+            self._check_entry_seq(conn, scope, seq)
+        generation = uuid.uuid4().hex
+        try:
+            for index, part in enumerate(parts):  # out of sight until the journal row names them
+                with self._write() as conn:
+                    conn.execute(
+                        "INSERT INTO journal_parts (scope, seq, generation, part, data) VALUES (?, ?, ?, ?, ?)",
+                        (scope, seq, generation, index, part),
+                    )
+            with self._write() as conn:
+                self._insert_entry(conn, scope, seq, b"", generation, answer)
+        except BaseException:
+            self._drop_parts("journal_parts", scope, generation)
+            raise
+
+    def _check_entry_seq(self, conn: sqlite3.Connection, scope: str, seq: int) -> int | None:
+        snapshot_seq = self._snapshot_seq(conn, scope)
+        if snapshot_seq is not None and seq <= snapshot_seq:
+            raise ValueError(f"call {seq} of {scope!r} is covered by the snapshot at {snapshot_seq}")
+        if conn.execute("SELECT 1 FROM journal WHERE scope = ? AND seq = ?", (scope, seq)).fetchone():
+            raise ValueError(f"call {seq} of {scope!r} is already recorded")
+        return snapshot_seq
+
+    def _insert_entry(
+        self, conn: sqlite3.Connection, scope: str, seq: int, entry: bytes, generation: str | None,
+        answer: StoredAnswer | None,
+    ) -> None:
+        if self._check_entry_seq(conn, scope, seq) is None:
+            conn.execute("INSERT INTO scopes (scope) VALUES (?)", (scope,))
+        conn.execute(
+            "INSERT INTO journal (scope, seq, entry, generation) VALUES (?, ?, ?, ?)", (scope, seq, entry, generation)
+        )
+        if answer is not None:
+            self._insert_answer(conn, scope, answer)
 
     def _put_answer(self, scope: str, answer: StoredAnswer) -> bool:
         with self._write() as conn:
@@ -294,28 +344,32 @@ class SQLiteStateStore(StateStore):
                 )
                 conn.execute("DELETE FROM journal WHERE scope = ? AND seq <= ?", (scope, seq))
                 # the previous snapshot, and any that a crash left half written
-                stale = [row[0] for row in conn.execute(
+                stale = [("snapshot_parts", row[0]) for row in conn.execute(
                     "SELECT DISTINCT generation FROM snapshot_parts WHERE scope = ? AND generation != ?",
                     (scope, generation),
                 )]
+                # the parts of the entries it covers (and of any a crash left unrecorded)
+                stale += [("journal_parts", row[0]) for row in conn.execute(
+                    "SELECT DISTINCT generation FROM journal_parts WHERE scope = ? AND seq <= ?", (scope, seq)
+                )]
         except BaseException:
-            self._drop_parts(scope, generation)
+            self._drop_parts("snapshot_parts", scope, generation)
             raise
-        for old in stale:
-            self._drop_parts(scope, old)
+        for table, old in stale:
+            self._drop_parts(table, scope, old)
 
-    def _drop_parts(self, scope: str, generation: str) -> None:
-        """Delete a snapshot that is not the scope's, a part per transaction. Best effort:
-        what a failure leaves is dropped by the next snapshot."""
+    def _drop_parts(self, table: str, scope: str, generation: str) -> None:
+        """Delete parts that nothing refers to, a part per transaction. Best effort: what
+        a failure leaves is dropped by the next snapshot."""
         try:
             with self._read() as conn:
                 parts = [row[0] for row in conn.execute(
-                    "SELECT part FROM snapshot_parts WHERE scope = ? AND generation = ?", (scope, generation)
+                    f"SELECT part FROM {table} WHERE scope = ? AND generation = ?", (scope, generation)
                 )]
             for part in parts:
                 with self._write() as conn:
                     conn.execute(
-                        "DELETE FROM snapshot_parts WHERE scope = ? AND generation = ? AND part = ?",
+                        f"DELETE FROM {table} WHERE scope = ? AND generation = ? AND part = ?",
                         (scope, generation, part),
                     )
         except StateStoreUnavailable:
@@ -323,14 +377,15 @@ class SQLiteStateStore(StateStore):
 
     def _reset(self, scope: str, once_per: str | None) -> bool:
         with self._write() as conn:
-            if once_per is not None:
-                row = conn.execute("SELECT reset_token FROM scopes WHERE scope = ?", (scope,)).fetchone()
-                if row is not None and row[0] == once_per:
-                    return False
-            for table in ("journal", "snapshot_parts", "answers", "scopes"):
+            row = conn.execute("SELECT reset_token FROM scopes WHERE scope = ?", (scope,)).fetchone()
+            token = row[0] if row is not None else None
+            if once_per is not None and token == once_per:
+                return False
+            for table in ("journal", "journal_parts", "snapshot_parts", "answers", "scopes"):
                 conn.execute(f"DELETE FROM {table} WHERE scope = ?", (scope,))
-            if once_per is not None:  # the marker that makes the next reset with this token a no-op
-                conn.execute("INSERT INTO scopes (scope, reset_token) VALUES (?, ?)", (scope, once_per))
+            token = once_per or token
+            if token is not None:  # the marker that makes the next reset with this token a no-op
+                conn.execute("INSERT INTO scopes (scope, reset_token) VALUES (?, ?)", (scope, token))
             return True
 
     def _scopes(self) -> list[str]:

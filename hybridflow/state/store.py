@@ -25,9 +25,13 @@ REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 #: Idempotency answers kept per scope: count and bytes (oldest evicted first).
 DEFAULT_MAX_ANSWERS = 10_000
 DEFAULT_MAX_ANSWER_BYTES = 256 << 20
-#: Snapshots are stored in parts of this size, each written on its own: SQLite and Redis
-#: cap one value, and a part is what other writers may have to wait for.
+#: Snapshots and large journal entries are stored in parts of at most this size, each
+#: written on its own: SQLite and Redis cap one value (SQLite's blob limit is 1e9 bytes,
+#: Redis's bulk length 512 MB by default), and a part is what other writers may have to
+#: wait for. A backend whose server caps values lower uses smaller parts.
 SNAPSHOT_PART_BYTES = 16 << 20
+#: What a value needs beside an answer's bytes (its key, fingerprint and row).
+VALUE_OVERHEAD_BYTES = 64 << 10
 #: Sequence numbers stay exact in Redis's Lua numbers and sorted-set scores.
 MAX_SEQ = 2**53
 
@@ -140,6 +144,25 @@ class StateStore(ABC):
             raise ValueError(f"max_answer_bytes must be a positive int, got {max_answer_bytes!r}")
         self.max_answers = max_answers
         self.max_answer_bytes = max_answer_bytes
+        #: The largest value the backend stores (set by :meth:`_value_limit`).
+        self.max_value_bytes = SNAPSHOT_PART_BYTES + VALUE_OVERHEAD_BYTES
+
+    def _value_limit(self, limit: int, what: str) -> None:
+        """Take the backend's bound on one value (``what`` names it and where it is set):
+        parts are cut to fit it, and an idempotency answer, kept whole, must fit in it, so a
+        configuration that could produce a larger one is refused before anything is stored."""
+        self.max_value_bytes = limit
+        if self.max_answer_bytes + VALUE_OVERHEAD_BYTES > limit:
+            raise ValueError(
+                f"state.max_answer_bytes is {self.max_answer_bytes} bytes, but {what} is {limit} bytes: an answer "
+                f"that large could not be stored. Set state.max_answer_bytes to at most "
+                f"{limit - VALUE_OVERHEAD_BYTES}, or raise the store's limit"
+            )
+
+    def _parts(self, data: bytes) -> list[bytes]:
+        """``data`` in parts that each fit the backend's values."""
+        size = max(1, min(SNAPSHOT_PART_BYTES, self.max_value_bytes - VALUE_OVERHEAD_BYTES))
+        return [data[i:i + size] for i in range(0, len(data), size)]
 
     # -- the contract -------------------------------------------------------------------
     def open_scope(self, scope: str, meta: ScopeMeta) -> ScopeState:
@@ -173,13 +196,15 @@ class StateStore(ABC):
         fine, duplicates are not) and, when given, its idempotency answer, in one
         transaction. An answer whose key is already stored leaves the stored one (the
         first answer wins) but the entry is still recorded: the workers applied it.
+        An entry of any size is stored: one larger than a part is written a part at a
+        time, out of sight until that transaction makes it part of the journal.
         ``ValueError`` when ``seq`` is already recorded or not above the snapshot's."""
         _check_scope(scope)
         _check_seq(seq)
         entry = _check_bytes("entry", entry)
         if answer is not None:
             _check_answer(answer)
-        self._record(scope, seq, entry, answer)
+        self._record(scope, seq, self._parts(entry), answer)
 
     def store_snapshot(self, scope: str, seq: int, snapshot: bytes) -> None:
         """Store the group's state after every call numbered ``<= seq`` (replacing the
@@ -189,8 +214,7 @@ class StateStore(ABC):
         _check_scope(scope)
         _check_seq(seq)
         snapshot = _check_bytes("snapshot", snapshot)
-        parts = [snapshot[i:i + SNAPSHOT_PART_BYTES] for i in range(0, len(snapshot), SNAPSHOT_PART_BYTES)]
-        self._snapshot(scope, seq, parts)
+        self._snapshot(scope, seq, self._parts(snapshot))
 
     def put_answer(self, scope: str, answer: StoredAnswer) -> StoredAnswer:
         """Store an idempotency answer of a call that is not journaled (a read-only call,
@@ -218,7 +242,8 @@ class StateStore(ABC):
         ``--fresh`` start. With ``once_per`` (e.g. the Ray session's name) the scope is
         reset only if it was not already reset with that token, so a replica that Serve
         restarts inside the same ``serve run`` keeps the state written since the fresh
-        start. Returns whether it reset."""
+        start; a reset without ``once_per`` keeps that token for the same reason.
+        Returns whether it reset."""
         _check_scope(scope)
         if once_per is not None and (not isinstance(once_per, str) or not once_per):
             raise ValueError(f"once_per must be a non-empty str or None, got {once_per!r}")
@@ -256,7 +281,8 @@ class StateStore(ABC):
     def _load(self, scope: str) -> ScopeState: ...
 
     @abstractmethod
-    def _record(self, scope: str, seq: int, entry: bytes, answer: StoredAnswer | None) -> None: ...
+    def _record(self, scope: str, seq: int, parts: list[bytes], answer: StoredAnswer | None) -> None:
+        """Record the entry made of ``parts`` (one, or several written one at a time)."""
 
     @abstractmethod
     def _snapshot(self, scope: str, seq: int, parts: list[bytes]) -> None: ...
