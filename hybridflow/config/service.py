@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from hybridflow.config.groups import DeploymentConfig, GroupConfig, ModelConfig, _Strict
 from hybridflow.config.state import StateConfig
 from hybridflow.wire.limits import DEFAULT_LIMITS as WIRE_DEFAULTS
+from hybridflow.wire.limits import MAX_DEPTH as WIRE_MAX_DEPTH
 from hybridflow.wire.limits import WireLimits
 
 
@@ -27,7 +28,10 @@ class LimitsConfig(_Strict):
     )
     max_tensor_elements: int = Field(WIRE_DEFAULTS.max_tensor_elements, ge=1, description="elements of one tensor")
     max_ndim: int = Field(WIRE_DEFAULTS.max_ndim, ge=1, description="dimensions of one tensor")
-    max_depth: int = Field(WIRE_DEFAULTS.max_depth, ge=1, description="nesting of lists and objects")
+    max_depth: int = Field(
+        WIRE_DEFAULTS.max_depth, ge=1, le=WIRE_MAX_DEPTH,
+        description="nesting of lists and objects (at most 100: what the state store keeps)",
+    )
     max_split: int = Field(4096, ge=1, description="pieces of a job (?split=N)")
     max_split_views: int = Field(WIRE_DEFAULTS.max_split_views, ge=1, description="pieces x tensors of a split job")
     idempotency_keys: int = Field(10_000, ge=0, description="answers kept per controller for Idempotency-Key repeats")

@@ -55,26 +55,19 @@ from safetensors.torch import save as safetensors_save
 
 from hybridflow.wire.dataproto import build_dataproto, dataproto_document, is_dataproto
 from hybridflow.wire.errors import WireError
+from hybridflow.wire.limits import MAX_DEPTH as WIRE_MAX_DEPTH
 
 __all__ = [
-    "MAX_DEPTH",
-    "StateCodecError",
-    "decode_answer",
-    "decode_call",
-    "decode_snapshot",
-    "decode_value",
-    "encode_answer",
-    "encode_call",
-    "encode_snapshot",
-    "encode_value",
-    "fingerprint",
+    "MAX_DEPTH", "StateCodecError", "decode_answer", "decode_call", "decode_snapshot", "decode_value",
+    "encode_answer", "encode_call", "encode_snapshot", "encode_value", "fingerprint",
 ]
 
 MAGIC = b"HFSC"
 FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<4sBQ")
-#: Containers nested deeper than this are refused both ways (cycles end here too).
-MAX_DEPTH = 64
+#: Containers nested deeper than this are refused both ways (cycles end here too): the
+#: wire's deepest, and room for what a call record and ``state_dict()`` wrap around it.
+MAX_DEPTH = WIRE_MAX_DEPTH + 16
 #: Ints with more bits than this are refused (Python's int/str conversion limit is near).
 MAX_INT_BITS = 8192
 

@@ -8,7 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["DEFAULT_LIMITS", "WireLimits"]
+__all__ = ["DEFAULT_LIMITS", "MAX_DEPTH", "WireLimits"]
+
+#: The deepest nesting of lists and objects the service takes, and the bound of
+#: ``max_depth``: the state store keeps any value this deep, and what ``state_dict()``
+#: wraps around it (hybridflow.state.codec allows a margin more), so every call the
+#: service accepts can be journaled and snapshotted.
+MAX_DEPTH = 100
 
 
 @dataclass(frozen=True)
@@ -29,8 +35,9 @@ class WireLimits:
     max_tensor_elements: int = 1 << 40
     #: Dimensions of one tensor.
     max_ndim: int = 64
-    #: Nesting of lists and objects (deeper is most likely a cycle or an attack).
-    max_depth: int = 100
+    #: Nesting of lists and objects (deeper is most likely a cycle or an attack); at most
+    #: :data:`MAX_DEPTH`.
+    max_depth: int = MAX_DEPTH
     #: A split job's pieces times the tensors cut into them (the views it makes).
     max_split_views: int = 1 << 16
 
@@ -39,6 +46,10 @@ class WireLimits:
             value = getattr(self, field.name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"limits.{field.name} must be a positive integer, got {value!r}")
+        if self.max_depth > MAX_DEPTH:
+            raise ValueError(
+                f"limits.max_depth must be at most {MAX_DEPTH} (what the state store keeps), got {self.max_depth}"
+            )
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None) -> WireLimits:

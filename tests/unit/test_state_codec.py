@@ -272,6 +272,30 @@ def test_unsupported_values_raise_a_value_error_naming_the_path(encode, path, pr
     assert __import__("re").match(path, str(raised.value)), str(raised.value)
 
 
+def test_the_deepest_body_the_wire_takes_is_journaled_and_snapshotted():
+    """One depth for the wire and the store: a call nested as deep as limits.max_depth
+    allows can be journaled, and a state_dict that keeps its argument (two levels deeper)
+    snapshotted, so no accepted call can make snapshots fail."""
+    from hybridflow.config import LimitsConfig
+    from hybridflow.http.call_body import parse_call_body
+    from hybridflow.http.errors import ApiError
+    from hybridflow.wire.limits import MAX_DEPTH as WIRE_MAX_DEPTH
+    from hybridflow.wire.limits import WireLimits
+
+    item: list = [1]
+    for _ in range(WIRE_MAX_DEPTH - 2):
+        item = [item]
+    args, kwargs = parse_call_body("json", json.dumps({"args": [item]}).encode())
+    assert args == [item]
+    assert decode_call(encode_call("record", args, kwargs)) == ("record", (item,), {})
+    assert decode_snapshot(encode_snapshot([{"history": [item]}] * 2)) == [{"history": [item]}] * 2
+    with pytest.raises(ApiError, match="nests deeper"):  # one level more: refused at the door
+        parse_call_body("json", json.dumps({"args": [[item]]}).encode())
+    for build in (WireLimits, LimitsConfig):
+        with pytest.raises(ValueError, match=f"(at most|less than or equal to) {WIRE_MAX_DEPTH}"):
+            build(max_depth=WIRE_MAX_DEPTH + 1)
+
+
 def test_cycles_and_deep_nesting_are_refused():
     cycle: list = []
     cycle.append(cycle)
