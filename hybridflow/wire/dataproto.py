@@ -20,6 +20,7 @@ the ``single_controller`` library (tensordict); the rest of ``wire`` does not.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +45,9 @@ MEMBER = "@"
 _DOCUMENT_KEYS = frozenset({"rows", "batch", "non_tensor_batch", "meta_info"})
 #: numpy dtypes a non-tensor array may have (object arrays hold JSON values).
 _ARRAY_KINDS = "biufUO"
+#: The numeric dtype strings a document may name (what ``dtype.str`` gives for them): numpy
+#: parses much more (subarrays, records, dates), some of it with errors of its own.
+_NUMERIC_DTYPE = re.compile(r"[<>|=]?(?:b1|[iu][1248]|f(?:2|4|8|16))")
 
 
 def is_dataproto(value: Any) -> bool:
@@ -120,12 +124,12 @@ def _array(document: Any, where: str, limits: WireLimits) -> np.ndarray:
         for i, item in enumerate(data):
             array[i] = item
         return array.reshape(shape)
+    if not isinstance(dtype, str) or not _NUMERIC_DTYPE.fullmatch(dtype):
+        raise WireError(f"{where}: dtype {dtype!r:.40} must be numeric or 'object' (such as '<f4', '<i8', '|b1')")
     try:
         numpy_dtype = np.dtype(dtype)
-    except TypeError:
-        raise WireError(f"{where}: unknown dtype {dtype!r:.40}") from None
-    if numpy_dtype.kind not in "biuf":
-        raise WireError(f"{where}: dtype {dtype!r:.40} must be numeric or 'object'")
+    except TypeError:  # f16 where long double is not 16 bytes
+        raise WireError(f"{where}: dtype {dtype!r:.40} is not known on this machine") from None
     try:
         return np.asarray(data, dtype=numpy_dtype).reshape(shape)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -183,10 +187,13 @@ def build_dataproto(
             raise WireError(f"{where}.non_tensor_batch.{key} has {array.shape[0]} rows, not {rows}")
     if not isinstance(document["meta_info"], Mapping):
         raise WireError(f"{where}.meta_info must be an object")
-    from single_controller.protocol import DataProto
+    from single_controller.protocol import DataProto, DataProtoError
 
-    return DataProto.from_dict(
-        tensors={name: tensors[name] for name in names} or None,
-        non_tensors=arrays,
-        meta_info=dict(document["meta_info"]),
-    )
+    try:
+        return DataProto.from_dict(
+            tensors={name: tensors[name] for name in names} or None,
+            non_tensors=arrays,
+            meta_info=dict(document["meta_info"]),
+        )
+    except DataProtoError as exc:
+        raise WireError(f"{where}: {exc}") from None

@@ -9,7 +9,9 @@
   ``gate_up_proj.weight`` survive the round trip. Tuples come back as lists.
 - Decoding reads the header first and checks the number of tensors and every shape
   against :class:`wire.limits.WireLimits` before the tensors are loaded; list indices are
-  checked in work proportional to the number of tensors, never to an index's value.
+  checked in work proportional to the number of tensors, never to an index's value. The
+  header and every DataProto document in it share one JSON value budget, spent on all of
+  them before any document is parsed, and a call's names are checked before that.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from hybridflow.wire.dtypes import (
 from hybridflow.wire.errors import WireError
 from hybridflow.wire.json_tensors import is_json_tensor, json_to_tensor, type_name
 from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
-from hybridflow.wire.strict_json import dumps_compact, loads_strict
+from hybridflow.wire.strict_json import JsonBudget, dumps_compact, loads_strict, parse_counted
 
 __all__ = [
     "decode_call_body",
@@ -141,7 +143,9 @@ def _layout(header: Any, data_size: int, limits: WireLimits) -> list[tuple[int, 
     return entries
 
 
-def _read(body: bytes | bytearray, limits: WireLimits) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _read(
+    body: bytes | bytearray, limits: WireLimits, budget: JsonBudget | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The named tensors of a safetensors body and its string metadata. The tensors are
     views of a writable body (a request read into a bytearray), copies of a read-only one.
     safetensors' own ``load`` copies every tensor out of an in-memory body (only files get
@@ -154,7 +158,7 @@ def _read(body: bytes | bytearray, limits: WireLimits) -> tuple[dict[str, torch.
         raise WireError(
             f"safetensors header claims {header_length} bytes but the body has {len(view) - 8} after the length"
         )
-    header = loads_strict(view[8 : 8 + header_length], "safetensors header", limits)
+    header = loads_strict(view[8 : 8 + header_length], "safetensors header", limits, budget)
     data = view[8 + header_length :]
     layout = _layout(header, len(data), limits)
     metadata = header.get(_METADATA) or {}
@@ -173,11 +177,13 @@ def decode_safetensors(body: bytes | bytearray, limits: WireLimits = DEFAULT_LIM
     return _read(body, limits)[0]
 
 
-def _dataprotos(
+def _members(
     named: Mapping[str, torch.Tensor], metadata: Mapping[str, str], limits: WireLimits
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Split a body's tensors into plain ones and the DataProtos the metadata describes
-    (tensors ``<path>@<key>``, the document under ``<path>``), by path."""
+) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+    """A body's tensors split into plain ones and each DataProto's (tensors
+    ``<path>@<key>``, the document under ``<path>`` in the metadata), by path; nothing parsed."""
+    if len(metadata) > limits.max_tensors:
+        raise WireError(f"safetensors metadata holds {len(metadata)} DataProtos, over limits.max_tensors")
     plain: dict[str, torch.Tensor] = {}
     members: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in named.items():
@@ -189,13 +195,23 @@ def _dataprotos(
     strays = sorted(set(members) - set(metadata))
     if strays:
         raise WireError(f"tensors {strays[0]!r:.100}{MEMBER}... belong to no DataProto: no metadata names it")
-    built = {}
-    for path, text in metadata.items():
-        if path in plain:
-            raise WireError(f"{path!r:.100} is both a tensor and a DataProto")
-        document = loads_strict(text, f"DataProto {path!r:.100}", limits)
-        built[path] = build_dataproto(document, members.get(path, {}), path, limits)
-    return plain, built
+    both = next((path for path in metadata if path in plain), None)
+    if both is not None:
+        raise WireError(f"{both!r:.100} is both a tensor and a DataProto")
+    return plain, members
+
+
+def _build_dataprotos(
+    metadata: Mapping[str, str], members: Mapping[str, Mapping[str, torch.Tensor]], limits: WireLimits,
+    budget: JsonBudget,
+) -> dict[str, Any]:
+    """The DataProtos the metadata describes. Every document is counted against the body's
+    one budget before any is parsed, so a body over it is refused without parsing."""
+    counted = {path: budget.spend(text, f"DataProto {path!r:.100}") for path, text in metadata.items()}
+    return {
+        path: build_dataproto(parse_counted(data, f"DataProto {path!r:.100}"), members.get(path, {}), path, limits)
+        for path, data in counted.items()
+    }
 
 
 def _in_index_order(items: Mapping[str, T], name: str, label: str) -> list[T]:
@@ -295,16 +311,18 @@ def encode_call_body(kwargs: Mapping[str, Any]) -> bytes:
 
 
 def decode_call_body(body: bytes | bytearray, limits: WireLimits = DEFAULT_LIMITS) -> dict[str, Any]:
-    """Keyword arguments of a safetensors call body (:func:`encode_call_body`'s inverse)."""
-    named, metadata = _read(body, limits)
-    plain, dataprotos = _dataprotos(named, metadata, limits)
+    """Keyword arguments of a safetensors call body (:func:`encode_call_body`'s inverse).
+    Every name is checked before any DataProto document is parsed."""
+    budget = JsonBudget(limits)
+    named, metadata = _read(body, limits, budget)
+    plain, members = _members(named, metadata, limits)
     kwargs = unpack_call(plain)
-    for name, data in dataprotos.items():
+    for name in metadata:
         if not name.isidentifier():
             raise WireError(f"DataProto argument {name!r:.100} is not a valid argument name")
         if name in kwargs:
             raise WireError(f"argument {name!r} is given both as a DataProto and as tensors")
-        kwargs[name] = data
+    kwargs.update(_build_dataprotos(metadata, members, limits, budget))
     return kwargs
 
 
@@ -349,9 +367,10 @@ def encode_output_body(output: Any, limits: WireLimits = DEFAULT_LIMITS) -> byte
 
 def decode_output_body(body: bytes, prefix: str = "output", limits: WireLimits = DEFAULT_LIMITS) -> Any:
     """The output of a safetensors answer (:func:`encode_output_body`'s inverse)."""
-    named, metadata = _read(body, limits)
-    plain, dataprotos = _dataprotos(named, metadata, limits)
-    return unpack_output({**plain, **dataprotos}, prefix, limits)
+    budget = JsonBudget(limits)
+    named, metadata = _read(body, limits, budget)
+    plain, members = _members(named, metadata, limits)
+    return unpack_output({**plain, **_build_dataprotos(metadata, members, limits, budget)}, prefix, limits)
 
 
 def _pack(

@@ -15,7 +15,7 @@ from typing import Any
 from hybridflow.wire.errors import WireError
 from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
 
-__all__ = ["dumps_compact", "loads_strict", "value_bound"]
+__all__ = ["JsonBudget", "dumps_compact", "loads_strict", "parse_counted", "value_bound"]
 
 #: A JSON string, escapes included (possessive, so a long body is scanned once).
 _STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"')
@@ -60,25 +60,63 @@ def value_bound(raw: bytes) -> int:
     return _quick_bound(outside) - empty
 
 
-def loads_strict(
-    raw: bytes | bytearray | memoryview | str, what: str = "body", limits: WireLimits = DEFAULT_LIMITS
-) -> Any:
-    """Parsed JSON, or a :class:`WireError` saying ``what`` is not valid JSON or holds more
-    than ``limits.max_json_values`` values."""
-    data = raw.encode() if isinstance(raw, str) else bytes(raw)
-    # UTF-8 JSON never holds a NUL byte; UTF-16/32 always does, and its bytes would fool the count.
-    if b"\0" in data:
-        raise WireError(f"{what} is not valid JSON: it must be UTF-8 (a NUL byte at offset {data.index(0)})")
-    # The quick bound counts inside strings too and is cheaper: strip strings only when it is over.
-    if _quick_bound(data) > limits.max_json_values and value_bound(data) > limits.max_json_values:
-        raise WireError(
-            f"{what} holds more than {limits.max_json_values} JSON values (limits.max_json_values); "
-            "send large tensors as safetensors or OIP binary data"
-        )
+class JsonBudget:
+    """The JSON values one body may still hold: every document parsed from the body spends
+    from the same ``limits.max_json_values``."""
+
+    def __init__(self, limits: WireLimits = DEFAULT_LIMITS) -> None:
+        self.limit = limits.max_json_values
+        self.spent = 0
+
+    def spend(self, raw: bytes | bytearray | memoryview | str, what: str = "body", exact: bool = True) -> bytes:
+        """``raw`` as bytes, once its values are counted against what is left; a
+        :class:`WireError` (nothing spent) when it is not UTF-8 or holds more than is left.
+        ``exact=False`` (for a budget spent once) may spend an over-count: it skips
+        stripping strings when even counting inside them leaves the document within."""
+        data = raw.encode() if isinstance(raw, str) else bytes(raw)
+        # UTF-8 JSON never holds a NUL byte; UTF-16/32 always does, and its bytes would fool the count.
+        if b"\0" in data:
+            raise WireError(f"{what} is not valid JSON: it must be UTF-8 (a NUL byte at offset {data.index(0)})")
+        left = self.limit - self.spent
+        # The quick bound counts inside strings too and is cheaper: strip strings only when it is
+        # over, or when what is left matters to documents after this one.
+        count = _quick_bound(data)
+        if count > left or (exact and b'"' in data):
+            count = value_bound(data)
+        if count > left:
+            if self.spent:
+                raise WireError(
+                    f"{what} takes the body past {self.limit} JSON values (limits.max_json_values counts "
+                    f"every document of a body; {self.spent} came before it); "
+                    "send large tensors as safetensors or OIP binary data"
+                )
+            raise WireError(
+                f"{what} holds more than {self.limit} JSON values (limits.max_json_values); "
+                "send large tensors as safetensors or OIP binary data"
+            )
+        self.spent += count
+        return data
+
+
+def parse_counted(data: bytes, what: str = "body") -> Any:
+    """Parsed JSON of bytes a :class:`JsonBudget` has counted, with the strict rules."""
     try:
         return json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_int64)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise WireError(f"{what} is not valid JSON: {exc}") from None
+
+
+def loads_strict(
+    raw: bytes | bytearray | memoryview | str,
+    what: str = "body",
+    limits: WireLimits = DEFAULT_LIMITS,
+    budget: JsonBudget | None = None,
+) -> Any:
+    """Parsed JSON, or a :class:`WireError` saying ``what`` is not valid JSON or holds more
+    than ``limits.max_json_values`` values (or more than ``budget`` has left, when given)."""
+    if budget is None:
+        return parse_counted(JsonBudget(limits).spend(raw, what, exact=False), what)
+    return parse_counted(budget.spend(raw, what), what)
 
 
 def dumps_compact(value: Any) -> bytes:
