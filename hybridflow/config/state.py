@@ -41,6 +41,10 @@ class StateConfig(_Strict):
         1000, ge=0, description="snapshot a group that has state_dict()/load_state_dict() every N acknowledged "
         "mutating calls and truncate its journal (0: never)"
     )
+    replay_timeout_s: float = Field(
+        600.0, gt=0, description="how long restoring a group (its snapshot and journal replay) may take; a group "
+        "whose restore runs longer, or raises, stays failed until POST /v1/admin/groups/{group}/reset"
+    )
     fresh: bool = Field(
         False, description="discard the stored state once per Ray session (a replica Serve restarts keeps its state)"
     )

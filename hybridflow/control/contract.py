@@ -35,6 +35,9 @@ class ErrorKind(enum.Enum):
     OVER_LIMIT = "over_limit"
     #: The output cannot be sent in the form asked for.
     NOT_ENCODABLE = "not_encodable"
+    #: A mutating call was applied on every rank and journaled, but its collect function
+    #: failed: it counts, and has no output to give.
+    COLLECT_FAILED = "collect_failed"
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,9 @@ class GroupSummary:
     journal_length: int
     methods: list[MethodSummary]
     colocated_with: list[str] = field(default_factory=list)
+    #: Why the group's latest snapshot failed (None once one is stored); the journal
+    #: keeps every call meanwhile, and the snapshot is retried.
+    snapshot_error: str | None = None
     #: tp/dp/pp sizes of a Megatron group.
     layout: dict[str, int] | None = None
     ranks: list[dict[str, Any]] | None = None

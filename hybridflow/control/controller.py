@@ -8,6 +8,11 @@ the outputs is an ``await``, so calls pipeline and the health check never queues
 them. A mutating call is journaled in that order and acknowledged only when every rank
 applied it and the state store recorded it (``hybridflow.control.durability``); its wait runs
 as a task of its own, so a client that goes away cannot leave it applied but unjournaled.
+
+A mutating call that fails anywhere (raised on some ranks or all of them, a lost worker,
+a timeout) may have changed the ranks it ran on, so the group is restored from its
+journal in the background; its caller gets the error. Store I/O runs in the store's own
+threads (``hybridflow.state.async_store``): a store that waits never stalls the loop.
 """
 
 from __future__ import annotations
@@ -41,8 +46,10 @@ from hybridflow.control.supervisor import (
     failure_of,
     first_line,
 )
+from hybridflow.state.async_store import AsyncStore
 from hybridflow.state.codec import StateCodecError
 from hybridflow.state.idempotency import IdempotencyCache, IdempotencyConflict
+from hybridflow.state.store import StateStore
 from single_controller.base.dispatch import DispatchError
 from single_controller.base.worker_group import SubmitError
 from single_controller.base.worker_methods import user_class
@@ -74,7 +81,8 @@ class GroupController:
         self.plan = plan
         self.request_timeout_s = request_timeout_s
         self.state = state or StateConfig(path=None)
-        self.store = self.state.open()
+        #: The groups' store, opened (off the loop) by :meth:`open`.
+        self.store_io = AsyncStore(self.state.open)
         self._opened = False
         limits = limits or LimitsConfig()
         self.groups: dict[str, GroupState] = {}
@@ -86,7 +94,7 @@ class GroupController:
                 worker_class=user_class(worker).__name__,
                 resource_pool=plan.describe_pool(config.name),
                 durability=GroupDurability(
-                    self.store, deployment.name, config, plan.world_size(config.name), worker,
+                    self.store_io, deployment.name, config, plan.world_size(config.name), worker,
                     self.state.snapshot_every, request_timeout_s,
                 ),
             )
@@ -96,15 +104,21 @@ class GroupController:
             for member in state.members:
                 member.unit = state
             self.units.append(state)
-        self.supervisor = Supervisor(self.units, request_timeout_s, health_timeout_s, on_rebuilt=metrics.unit_rebuilt)
+        self.supervisor = Supervisor(self.units, request_timeout_s, health_timeout_s, on_rebuilt=metrics.unit_rebuilt,
+                                     replay_timeout_s=self.state.replay_timeout_s)
         self.answers: IdempotencyCache[CallResult] = IdempotencyCache(limits.idempotency_keys, limits.idempotency_bytes)
 
     async def open(self) -> None:
         """Claim every group's scope in the store (a fresh start discards it first);
         StateMismatchError, naming the group and the fix, when stored state no longer fits."""
         token = fresh_token() if self.state.fresh else None
+        await self.store_io.open()
         await asyncio.gather(*(state.durability.open(self.state, token) for state in self.groups.values()))
         self._opened = True
+
+    @property
+    def store(self) -> StateStore:
+        return self.store_io.store
 
     async def start(self) -> None:
         """Start every group with its stored state (opening the store first if
@@ -169,13 +183,18 @@ class GroupController:
                 return result
         entry = record = None
         if info.mutating:
-            entry = state.journal.begin(request.method)
             try:  # encoded now, before any dispatch function sees the arguments
-                record = state.durability.prepare(entry, args, kwargs, request)
+                call = await state.durability.encode(request.method, args, kwargs)
             except StateCodecError as exc:
-                state.journal.abort(entry)
                 result.error = _error(ErrorKind.BAD_ARGUMENTS, f"{request.method}: the state store cannot keep {exc}")
                 return result
+            group = state.group
+            if state.status != READY or group is None:  # it may have changed while encoding
+                result.error = self._unavailable(state)
+                return result
+            # No await from here to the submission: the journal's order is the ranks' order.
+            entry = state.journal.begin(request.method)
+            record = state.durability.pending(entry, call, request)
         try:
             pending = group.submit(request.method, args, kwargs)
         except Exception as exc:
@@ -208,19 +227,27 @@ class GroupController:
             failures = [failure_of(f.exception()) for f in futures if f.exception() is not None]
             if failures:
                 lost = [message for worker_lost, message in failures if worker_lost]
-                if lost or (entry is not None and len(failures) < len(futures)) or generation != unit.generation:
-                    # A worker died, or the call applied on some ranks only: the ranks no
-                    # longer match the journal.
+                if lost or entry is not None or generation != unit.generation:
+                    # A worker died, or a mutating call failed: whether it raised on some ranks
+                    # or on all of them, it may have changed them before it raised, and the
+                    # ranks no longer match the journal.
                     self.supervisor.recover(unit, f"{state.name}: {(lost or [failures[0][1]])[0]}")
                 if lost:
                     result.error = self._unavailable(state, f"a worker of group {state.name!r} was lost ({lost[0]})")
                 else:
-                    result.error = _error(ErrorKind.METHOD_RAISED, f"{state.name} raised {failures[0][1]}")
+                    undone = "; the group is restored to its acknowledged state" if entry is not None else ""
+                    result.error = _error(ErrorKind.METHOD_RAISED, f"{state.name} raised {failures[0][1]}{undone}")
                 return result
             try:
                 result.output = pending.collect([f.result() for f in futures])
             except Exception as exc:  # a collect function's own error: the call itself ran
-                result.error = _error(ErrorKind.METHOD_RAISED, f"collecting the outputs failed: {failure_of(exc)[1]}")
+                why = failure_of(exc)[1]
+                if entry is None:
+                    result.error = _error(ErrorKind.METHOD_RAISED, f"collecting the outputs failed: {why}")
+                else:  # it counts: recorded below like any applied call
+                    result.error = _error(ErrorKind.COLLECT_FAILED, (
+                        f"{state.name}.{entry.method} was applied on every rank and journaled, but collecting "
+                        f"its outputs failed ({why}): it counts, and has no output"))
             if entry is not None:
                 try:  # a 2xx means durable: recorded before it is acknowledged
                     await state.durability.record(record, result)
@@ -257,8 +284,29 @@ class GroupController:
         return self._unavailable(state, f"{method} could not be submitted ({type(exc).__name__})")
 
     def _unavailable(self, state: GroupState, why: str | None = None) -> ControllerError:
+        if why is None and state.unit is not None and state.unit.halted:
+            # retrying does not help until an operator acts: no Retry-After
+            return _error(ErrorKind.UNAVAILABLE, f"group {state.name!r} is failed: {state.unit.last_error}")
         message = why or f"group {state.name!r} is {state.status}"
         return _error(ErrorKind.UNAVAILABLE, f"{message}; retry shortly", RETRY_AFTER_S)
+
+    # -- operators ------------------------------------------------------------------------
+    def reset_group(self, name: str) -> GroupSummary | None:
+        """Discard the group's stored state (journal, snapshot, answers, the answers this
+        controller keeps in memory) and rebuild its unit fresh, in the background; other
+        members of a colocated unit restore their own state. Works on a ready group and
+        on a failed one (the way out of a restore that cannot succeed). None for an
+        unknown group."""
+        state = self.groups.get(name)
+        if state is None or state.unit is None:
+            return None
+
+        async def discard() -> None:
+            await state.durability.reset()
+            self.answers.forget(lambda key: key[0] == name)
+
+        self.supervisor.reset(state.unit, discard, f"{name}: reset by an operator")
+        return self._summary(state)
 
     # -- health and description -------------------------------------------------------------
     async def check_health(self) -> dict[str, str]:
@@ -286,6 +334,7 @@ class GroupController:
             rebuilds=state.unit.rebuilds if state.unit else 0,
             replayed_calls=state.unit.replayed if state.unit else 0,
             journal_length=len(state.journal),
+            snapshot_error=state.durability.snapshots.error,
             methods=[MethodSummary(**info.describe()) for info in state.methods.values()],
             colocated_with=[m.name for m in state.unit.members if m is not state] if state.unit else [],
             layout=layout,
@@ -320,7 +369,7 @@ class GroupController:
                     group.shutdown()
                 except Exception:  # already gone with the replica
                     pass
-        self.store.close()
+        self.store_io.close()
 
 
 def _kept(result: CallResult) -> bool:

@@ -1,34 +1,31 @@
 """Durable state of a served group: its scope in the state store, what is recorded when,
-when it is snapshotted, and how fresh workers get its state back.
+and how fresh workers get its state back (when it is snapshotted:
+``hybridflow.control.snapshots``).
 
-One :class:`GroupDurability` per group, used from the controller replica's event loop.
-The store (``hybridflow.state.store``) keeps, per group, the journal of acknowledged
-mutating calls, the latest snapshot and the idempotency answers; values are bytes from
-``hybridflow.state.codec`` (no pickle).
+One :class:`GroupDurability` per group, used from the controller replica's event loop;
+every store call runs in the store's own threads (``hybridflow.state.async_store``), so
+a store that waits (a SQLite write lock another process holds, a slow Redis) never holds
+up the loop. The store (``hybridflow.state.store``) keeps, per group, the journal of
+acknowledged mutating calls, the latest snapshot and the idempotency answers; values are
+bytes from ``hybridflow.state.codec`` (no pickle).
 
 What is recorded when
-    A mutating call is encoded when it is submitted (arguments the store cannot keep are
-    refused before any rank runs the call). When every rank applied it, the call (and,
-    when the request had an Idempotency-Key, its answer) is written in one transaction,
-    and only then acknowledged: journaled in memory, counted, answered 2xx. A write that
-    fails answers 503 with Retry-After, does not acknowledge the call, and restores the
-    group from the store (its workers applied a call the store may not hold). Read-only
-    calls and answers that are not a mutating call's never reach the store.
-
-Snapshots
-    A group whose worker class has ``state_dict()`` and ``load_state_dict(state)`` is
-    snapshotted every ``state.snapshot_every`` acknowledged mutating calls: ``state_dict``
-    is submitted to every rank like any call, in the group's one order, so each rank's
-    answer reflects exactly the calls numbered before it. The snapshot is kept only when
-    every one of those calls has settled and no rebuild started or ran meanwhile; then it
-    is stored (replacing the previous one) and the journal up to it is deleted, in the
-    store and in memory. Colocated roles snapshot separately. A group without those
-    methods, or whose state the codec cannot keep, keeps full replay.
+    A mutating call is encoded before it is submitted (off the loop when large;
+    arguments the store cannot keep are refused before any rank runs the call). When
+    every rank applied it, the call (and, when the request had an Idempotency-Key, its
+    answer) is written in one transaction, and only then acknowledged: journaled in
+    memory, counted, answered 2xx. A write that fails answers 503 with Retry-After, does
+    not acknowledge the call, and restores the group from the store (its workers applied
+    a call the store may not hold). Read-only calls and answers that are not a mutating
+    call's never reach the store.
 
 Restore (at start, after a replica restart or a new ``serve run``, and on every rebuild)
-    The group's fresh workers get ``load_state_dict`` with their rank's part of the
-    snapshot, then the journal after it is replayed in sequence order; the group is ready
-    when every rank ran all of it. Later calls are numbered after the stored ones.
+    The stored state is read and decoded first, and every journaled call must name a
+    method of the group's catalogue (anything else is refused, never run). Then the
+    group's fresh workers get ``load_state_dict`` with their rank's part of the snapshot,
+    and the journal after it is replayed in sequence order; the group is ready when every
+    rank ran all of it. Later calls are numbered after the stored ones. The supervisor
+    bounds a restore by ``state.replay_timeout_s``.
 
 Opening a scope (before any worker starts)
     The scope's metadata (world size, worker class, and the group's init arguments, init
@@ -38,7 +35,8 @@ Opening a scope (before any worker starts)
     and the fixes; with ``on_mismatch: reset`` that group's stored state is discarded and
     it starts clean. ``fresh`` discards every group's stored state once per Ray session
     (``serve run`` starts one), so a replica that Serve restarts later in the same run
-    restores what was acknowledged since.
+    restores what was acknowledged since. An operator's reset (:meth:`GroupDurability.reset`)
+    discards one group's.
 """
 
 from __future__ import annotations
@@ -53,7 +51,9 @@ from typing import TYPE_CHECKING, Any
 from hybridflow.config import GroupConfig, StateConfig
 from hybridflow.control.catalogue import LOAD_STATE_DICT, STATE_DICT
 from hybridflow.control.contract import CallRequest, CallResult, ControllerError, ErrorKind
-from hybridflow.control.supervisor import READY, as_asyncio, failure_of
+from hybridflow.control.snapshots import Snapshots
+from hybridflow.control.supervisor import RestoreRefused, as_asyncio
+from hybridflow.state.async_store import AsyncStore
 from hybridflow.state.codec import (
     StateCodecError,
     decode_answer,
@@ -61,11 +61,9 @@ from hybridflow.state.codec import (
     decode_snapshot,
     encode_answer,
     encode_call,
-    encode_snapshot,
 )
-from hybridflow.state.idempotency import IdempotencyConflict
+from hybridflow.state.idempotency import IdempotencyConflict, estimate_bytes
 from hybridflow.state.journal import Entry
-from hybridflow.state.sqlite_store import SQLiteStateStore
 from hybridflow.state.store import (
     ScopeMeta,
     ScopeState,
@@ -83,6 +81,8 @@ logger = logging.getLogger(__name__)
 
 #: What a group's stored state depends on beyond its world size and worker class.
 FINGERPRINT_FIELDS = ("plain_actor", "init_args", "init_kwargs", "init_calls", "megatron")
+#: Arguments of about this many bytes and more are encoded off the event loop.
+OFF_LOOP_BYTES = 256 * 1024
 
 
 def supports_snapshots(worker_cls: Any) -> bool:
@@ -166,7 +166,7 @@ class GroupDurability:
 
     def __init__(
         self,
-        store: StateStore,
+        store: StateStore | AsyncStore,
         deployment: str,
         config: GroupConfig,
         world_size: int,
@@ -174,27 +174,31 @@ class GroupDurability:
         snapshot_every: int,
         request_timeout_s: float,
     ) -> None:
-        self.store = store
+        """``store``: the store, or the controller's :class:`AsyncStore` that its groups share."""
+        self.io = store if isinstance(store, AsyncStore) else AsyncStore(store)
         self.group = config.name
         self.deployment = deployment
         self.scope = scope_name(deployment, config.name)
         self.meta = group_meta(config, world_size)
-        self.snapshots = supports_snapshots(worker_cls)
-        self.snapshot_every = snapshot_every if self.snapshots else 0
         self.request_timeout_s = request_timeout_s
-        #: A SQLite write of one call takes well under a millisecond: done on the loop.
-        #: Other backends' calls go over the network and run in a thread.
-        self._inline = isinstance(store, SQLiteStateStore)
+        every = snapshot_every if supports_snapshots(worker_cls) else 0
+        self.snapshots = Snapshots(self.io, self.scope, config.name, every, request_timeout_s)
         self._opened: ScopeState | None = None
-        self._since_snapshot = 0
-        self._snapshot_task: asyncio.Task | None = None
-        #: The latest stored snapshot's sequence number (0: none yet).
-        self.snapshot_seq = 0
+
+    @property
+    def store(self) -> StateStore:
+        return self.io.store
+
+    @property
+    def snapshot_seq(self) -> int:
+        """The latest stored snapshot's sequence number (0: none yet)."""
+        return self.snapshots.seq
 
     # -- opening ---------------------------------------------------------------------
     async def open(self, state: StateConfig, token: str | None) -> None:
         """Claim the scope before the group's workers start (see "Opening a scope")."""
-        await asyncio.to_thread(self._open, state, token)
+        await self.io.open()
+        await self.io.run(self._open, state, token)
 
     def _open(self, state: StateConfig, token: str | None) -> None:
         if state.fresh and token is not None and self.store.reset(self.scope, once_per=token):
@@ -209,7 +213,7 @@ class GroupDurability:
             logger.warning("%s: stored state discarded (on_mismatch: reset): %s", self.scope, "; ".join(changes))
             self.store.reset(self.scope)
             self._opened = self.store.open_scope(self.scope, self.meta)
-        self.snapshot_seq = self._opened.snapshot_seq
+        self.snapshots.seq = self._opened.snapshot_seq
 
     def _mismatch_message(self, state: StateConfig, changes: list[str]) -> str:
         return (
@@ -220,13 +224,35 @@ class GroupDurability:
             "`state: {on_mismatch: reset}` for the groups that no longer fit"
         )
 
+    async def reset(self) -> None:
+        """Discard the scope's stored state (journal, snapshot, answers) and claim it anew:
+        an operator's reset of this group. Call it with the group's workers gone."""
+        try:  # a snapshot being stored now would land in the emptied scope
+            await self.snapshots.settled()
+        except Exception:
+            pass
+        await self.io.call("reset", self.scope)
+        self._opened = await self.io.call("open_scope", self.scope, self.meta)
+        self.snapshots.restored(0, 0)
+        self.snapshots.error = None
+        logger.warning("%s: the stored state of this group was discarded by an operator's reset", self.scope)
+
     # -- restore ---------------------------------------------------------------------
     async def restore(self, member: GroupState) -> int:
         """Give the member's fresh workers the stored state (see "Restore"); returns how
-        many journaled calls were replayed."""
+        many journaled calls were replayed. RestoreRefused (before any rank ran anything)
+        for a journal entry that names a method outside the group's catalogue."""
         stored, self._opened = self._opened, None
         if stored is None:
-            stored = await asyncio.to_thread(self.store.load, self.scope)
+            stored = await self.io.call("load", self.scope)
+        # each call decoded into objects of its own: a dispatch function may change them
+        calls = await asyncio.to_thread(lambda: [decode_call(data) for _, data in stored.entries])
+        foreign = sorted({method for method, _, _ in calls if method not in member.methods})
+        if foreign:
+            raise RestoreRefused(
+                f"{self.scope}: the stored journal names {', '.join(map(repr, foreign))}, which the group's worker "
+                f"class does not serve; refusing to replay it"
+            )
         group = member.group
         if stored.snapshot is not None:
             ranks = await asyncio.to_thread(decode_snapshot, stored.snapshot)
@@ -235,45 +261,54 @@ class GroupDurability:
                     f"{self.scope}: the stored snapshot has {len(ranks)} ranks, the group {group.world_size}"
                 )
             await _run_on_every_rank(group.execute_all_async(LOAD_STATE_DICT, ranks))
-        # each call decoded into objects of its own: a dispatch function may change them
-        calls = await asyncio.to_thread(lambda: [decode_call(data) for _, data in stored.entries])
+            del ranks
         member.journal.reload([seq for seq, _ in stored.entries], stored.last_seq + 1)
-        self.snapshot_seq = stored.snapshot_seq
-        self._since_snapshot = len(calls)
+        self.snapshots.restored(stored.snapshot_seq, len(calls))
         pending = [group.submit(method, args, kwargs) for method, args, kwargs in calls]
         await _run_on_every_rank([future for call in pending for future in call.futures])
         return len(calls)
 
     # -- recording -------------------------------------------------------------------
+    async def encode(self, method: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
+        """A mutating call as the journal keeps it, encoded before it is submitted, so that
+        what is replayed is what the caller sent, whatever a dispatch function does to its
+        arguments afterwards; large arguments are encoded off the loop (StateCodecError:
+        arguments the store cannot keep)."""
+        if estimate_bytes((args, kwargs)) < OFF_LOOP_BYTES:
+            return encode_call(method, args, kwargs)
+        return await asyncio.to_thread(encode_call, method, args, kwargs)
+
+    @staticmethod
+    def pending(entry: Entry, call: bytes, request: CallRequest) -> PendingRecord:
+        """The record of a submitted call, written once every rank applied it."""
+        return PendingRecord(entry.seq, entry.method, call, request.idempotency_key, request.fingerprint)
+
     def prepare(
         self, entry: Entry, args: Sequence[Any], kwargs: Mapping[str, Any], request: CallRequest
     ) -> PendingRecord:
-        """Encode a mutating call before it is submitted, so that what is replayed is what
-        the caller sent, whatever a dispatch function does to its arguments afterwards
-        (StateCodecError: arguments the store cannot keep)."""
-        return PendingRecord(
-            entry.seq, entry.method, encode_call(entry.method, args, kwargs),
-            request.idempotency_key, request.fingerprint,
-        )
+        """:meth:`encode` and :meth:`pending` at once, on the calling thread."""
+        return self.pending(entry, encode_call(entry.method, args, kwargs), request)
 
     async def record(self, record: PendingRecord, result: CallResult) -> None:
         """Write an applied call (and its answer, under its Idempotency-Key) before it is
         acknowledged. Raises whatever the store raised: the call is then not durable."""
+        await self.io.run(self._record, record, result)
+
+    def _record(self, record: PendingRecord, result: CallResult) -> None:
         answer = None
         if record.idempotency_key is not None:
             key = _answer_key(record.method, record.idempotency_key)
             answer = StoredAnswer(key, record.fingerprint or "", encode_result(result))
-        if self._inline:
-            self.store.record_call(self.scope, record.seq, record.call, answer)
-        else:
-            await asyncio.to_thread(self.store.record_call, self.scope, record.seq, record.call, answer)
+        self.store.record_call(self.scope, record.seq, record.call, answer)
 
     async def stored_answer(self, request: CallRequest) -> tuple[str | None, CallResult] | None:
         """The answer a call under this Idempotency-Key got before (in an earlier replica
         or run): its fingerprint and result, or None. IdempotencyConflict when the key came
         with another body."""
-        key = _answer_key(request.method, request.idempotency_key)
-        stored = await asyncio.to_thread(self.store.get_answer, self.scope, key)
+        return await self.io.run(self._stored_answer, request)
+
+    def _stored_answer(self, request: CallRequest) -> tuple[str | None, CallResult] | None:
+        stored = self.store.get_answer(self.scope, _answer_key(request.method, request.idempotency_key))
         if stored is None:
             return None
         fingerprint = stored.fingerprint or None
@@ -289,59 +324,14 @@ class GroupDurability:
             ))
         return fingerprint, decode_result(stored.answer)
 
-    # -- snapshots -------------------------------------------------------------------
+    # -- snapshots (hybridflow.control.snapshots) -------------------------------------------
     def acknowledged(self, member: GroupState) -> None:
         """Count an acknowledged call; every ``snapshot_every`` of them, take a snapshot."""
-        if not self.snapshot_every:
-            return
-        self._since_snapshot += 1
-        if self._since_snapshot >= self.snapshot_every and (self._snapshot_task is None or self._snapshot_task.done()):
-            self._since_snapshot = 0
-            self._snapshot_task = asyncio.get_running_loop().create_task(self._snapshot(member))
-
-    async def _snapshot(self, member: GroupState) -> None:
-        unit, group = member.unit, member.group
-        if member.status != READY or group is None:
-            return
-        generation = unit.generation
-        seq = member.journal.next_seq - 1
-        if seq <= self.snapshot_seq:
-            return
-        # Submitted now, with no await since seq was read: every rank runs it after the
-        # calls numbered <= seq and before any later one.
-        futures = as_asyncio(group.execute_all_async(STATE_DICT))
-        member.running += 1
-        try:
-            _, waiting = await asyncio.wait(futures, timeout=self.request_timeout_s)
-        finally:
-            member.running -= 1
-        failed = [f.exception() for f in futures if f.done() and f.exception() is not None]
-        if waiting or failed:
-            reason = "timed out" if waiting else failure_of(failed[0])[1]
-            logger.warning("%s: snapshot skipped, state_dict %s", self.scope, reason)
-            return
-        if not await member.journal.settled_through(seq, self.request_timeout_s + 10):
-            return
-        if unit.generation != generation or member.status != READY:
-            return  # a rebuild started or ran: the ranks may hold calls that were not acknowledged
-        try:
-            blob = await asyncio.to_thread(encode_snapshot, [f.result() for f in futures])
-        except StateCodecError as exc:
-            logger.warning("%s: state_dict() returns what the store cannot keep (%s); full replay from now", self.scope, exc)
-            self.snapshot_every = 0
-            return
-        try:
-            await asyncio.to_thread(self.store.store_snapshot, self.scope, seq, blob)
-        except Exception as exc:  # the journal still holds every call: nothing is lost, a later one retries
-            logger.warning("%s: storing the snapshot at %d failed: %s", self.scope, seq, failure_of(exc)[1])
-            return
-        self.snapshot_seq = seq
-        member.journal.truncate(seq)
+        self.snapshots.acknowledged(member)
 
     async def snapshot_settled(self) -> None:
         """Wait for a snapshot being taken (tests and benchmarks)."""
-        if self._snapshot_task is not None:
-            await asyncio.shield(self._snapshot_task)
+        await self.snapshots.settled()
 
 
 def _answer_key(method: str, key: str) -> str:

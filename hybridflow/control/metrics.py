@@ -16,6 +16,7 @@ exported name                                               labels
 ``ray_hybridflow_group_replayed_calls_total``               group
 ``ray_hybridflow_group_journal_length``                     group
 ``ray_hybridflow_group_snapshot_age_seconds``               group
+``ray_hybridflow_group_snapshot_failures_total``            group
 ``ray_hybridflow_model_inferences_total``                   model, kind, code
 ``ray_hybridflow_model_batch_size`` (histogram)             model
 ``ray_hybridflow_model_queue_duration_seconds`` (hist.)     model
@@ -38,8 +39,8 @@ Where the recording happens (each a one-line hook):
 - :func:`observed_inference` decorates ``ModelServer.infer`` (and keeps Triton's
   statistics, ``hybridflow.control.model_statistics``);
 - :func:`sample_groups` runs at every Serve health check (journal length, snapshot age);
-- :func:`snapshot_taken` is for the durable state (``hybridflow.control.durability``) to call
-  when a group's snapshot is stored.
+- :func:`snapshot_taken` and :func:`snapshot_failed` are for the snapshots
+  (``hybridflow.control.snapshots``) to call when a group's snapshot is stored, or fails.
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ class _Instruments:
         self.journal = m.Gauge(PREFIX + "group_journal_length", "Journaled calls a rebuild would replay.", _GROUP)
         self.snapshot_age = m.Gauge(PREFIX + "group_snapshot_age_seconds", "Seconds since the last stored snapshot.",
                                     _GROUP)
+        self.snapshot_failures = m.Counter(PREFIX + "group_snapshot_failures",
+                                           "Snapshots that failed (the journal keeps every call).", _GROUP)
         self.inferences = m.Counter(PREFIX + "model_inferences", "OIP inference requests, by outcome.", _MODEL + _OUTCOME)
         self.batch_size = m.Histogram(
             PREFIX + "model_batch_size", "Size of the batch each successful request ran in.", BATCH_SIZE_BUCKETS, _MODEL
@@ -208,6 +211,11 @@ def snapshot_taken(group: str, taken_at: float | None = None) -> None:
     metrics = _metrics()
     metrics.snapshots[group] = time.time() if taken_at is None else taken_at
     metrics.snapshot_age.set(max(time.time() - metrics.snapshots[group], 0.0), tags={"group": group})
+
+
+def snapshot_failed(group: str) -> None:
+    """A snapshot of ``group`` failed (it is tried again later)."""
+    _metrics().snapshot_failures.inc(tags={"group": group})
 
 
 def sample_groups(controller: Any) -> None:

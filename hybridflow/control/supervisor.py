@@ -1,7 +1,15 @@
 """Supervision of a controller's units: start them, tell a busy worker from a lost one,
 and rebuild a unit that lost a worker (or whose workers no longer match the journal).
 Both a start and a rebuild give the fresh workers the group's stored state (snapshot,
-then the journal after it: ``hybridflow.control.durability``).
+then the journal after it: ``hybridflow.control.durability``), within the replay
+deadline.
+
+A start or rebuild that fails is retried by the next health check, unless retrying
+cannot help: the stored state cannot be restored (a replayed call raised, the replay ran
+past its deadline, the stored bytes do not decode or name a method the group does not
+have) or an init call raised. Such a unit stays ``failed`` (halted), its workers shut
+down, with the reason in ``last_error``, until an operator resets a group of it
+(:meth:`Supervisor.reset`: its stored state is discarded and the unit rebuilt).
 
 Everything here runs on the controller replica's event loop; only a unit's ``start()``
 (which blocks while worker processes come up) runs in a thread. The health check never
@@ -15,21 +23,38 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
-from hybridflow.config import GroupConfig
+from hybridflow.config import GroupConfig, StateConfig
 from hybridflow.control import metrics
 from hybridflow.control.builder import Unit
 from hybridflow.control.catalogue import MethodInfo
+from hybridflow.state.codec import StateCodecError
 from hybridflow.state.journal import Journal
+from hybridflow.state.store import StateMismatchError
 
 logger = logging.getLogger(__name__)
 
 STARTING, READY, REBUILDING, FAILED = "starting", "ready", "rebuilding", "failed"
+
+
+class RestoreRefused(ValueError):
+    """Stored state that must not be applied (e.g. a journal entry naming a method that
+    is not in the group's catalogue)."""
+
+
+def hopeless(exc: BaseException) -> bool:
+    """Whether a start or restore that raised ``exc`` would fail the same way again: a
+    method raised (a replayed call, an init call), the replay deadline passed, or the
+    stored state cannot be applied. A lost worker, a store that cannot be reached or
+    resources not there yet may pass."""
+    if isinstance(exc, (TimeoutError, StateCodecError, StateMismatchError, RestoreRefused)):
+        return True
+    return isinstance(exc, RayTaskError) and not isinstance(exc, RayActorError)
 
 
 def as_asyncio(refs: list[Any]) -> list[asyncio.Future]:
@@ -89,6 +114,8 @@ class UnitState:
     last_error: str | None = None
     rebuilds: int = 0
     replayed: int = 0
+    #: Failed so that retrying cannot help: health checks leave it until a reset.
+    halted: bool = False
     #: Bumped on every (re)start: calls and caches of an older generation are stale.
     generation: int = 0
     pings: list[asyncio.Future] | None = None
@@ -110,11 +137,13 @@ class Supervisor:
         request_timeout_s: float,
         health_timeout_s: float,
         on_rebuilt: Callable[[UnitState, int], None] | None = None,
+        replay_timeout_s: float = StateConfig().replay_timeout_s,
     ) -> None:
         self.units = units
         self.request_timeout_s = request_timeout_s
         self.health_timeout_s = health_timeout_s
         self.on_rebuilt = on_rebuilt
+        self.replay_timeout_s = replay_timeout_s
 
     # -- start ------------------------------------------------------------------------
     async def start_all(self) -> None:
@@ -128,17 +157,42 @@ class Supervisor:
 
     async def _start(self, unit: UnitState) -> None:
         try:
-            groups = await asyncio.to_thread(unit.unit.start)
-            for member in unit.members:
-                member.group = groups[member.name]
-            for member in unit.members:
-                unit.replayed += await self.replay(member)
+            unit.replayed += await self._bring_up(unit)
         except Exception as exc:
-            unit.status, unit.last_error = FAILED, f"start failed: {type(exc).__name__}: {first_line(exc)}"
-            logger.exception("starting %s failed", unit.unit.name)
+            self._failed(unit, "start", exc)
             raise
         unit.generation += 1
         unit.status = READY
+
+    async def _bring_up(self, unit: UnitState) -> int:
+        """Start the unit's processes and restore every member's stored state; returns
+        the calls replayed. On a failure the new processes are shut down."""
+        groups = await asyncio.to_thread(unit.unit.start)
+        for member in unit.members:
+            member.group = groups[member.name]
+        try:
+            replayed = 0
+            for member in unit.members:
+                replayed += await self.replay(member)
+            return replayed
+        except BaseException:
+            for member in unit.members:
+                member.group = None
+            # colocated members share processes: one shutdown ends all (a replay may still run there)
+            await asyncio.shield(asyncio.to_thread(groups[unit.members[0].name].shutdown))
+            raise
+
+    def _failed(self, unit: UnitState, what: str, exc: BaseException) -> None:
+        reason = "ran past the replay deadline" if isinstance(exc, TimeoutError) else (
+            f"{type(exc).__name__}: {first_line(exc)}")
+        unit.status, unit.halted = FAILED, hopeless(exc)
+        unit.last_error = f"{what} failed: {reason}"
+        if unit.halted:
+            names = [member.name for member in unit.members]
+            route = " or ".join(f"POST /v1/admin/groups/{name}/reset" for name in names)
+            unit.last_error += f"; not retried: fix the cause, or discard the stored state with {route}"
+        logger.error("%s of %s failed%s", what, unit.unit.name, " (not retried)" if unit.halted else "",
+                     exc_info=exc)
 
     # -- health -----------------------------------------------------------------------
     async def check(self) -> dict[str, str]:
@@ -149,7 +203,8 @@ class Supervisor:
 
     async def _check(self, unit: UnitState) -> None:
         if unit.status == FAILED:
-            self.recover(unit, "retrying after a failed rebuild")
+            if not unit.halted:
+                self.recover(unit, "retrying after a failed start or rebuild")
             return
         if unit.status != READY:
             return
@@ -178,12 +233,30 @@ class Supervisor:
         if unit.status in (REBUILDING, STARTING) and unit.task is not None and not unit.task.done():
             return
         logger.warning("rebuilding %s: %s", unit.unit.name, reason)
-        unit.status = REBUILDING
+        self._begin(unit, reason, self._rebuild(unit))
+
+    def reset(self, unit: UnitState, discard: Callable[[], Awaitable[None]], reason: str) -> None:
+        """Rebuild the unit, calling ``discard`` (which drops stored state) once its old
+        workers are gone and the calls on them settled; after a start or rebuild that is
+        running now, halted or not."""
+        logger.warning("resetting %s: %s", unit.unit.name, reason)
+        self._begin(unit, reason, self._rebuild(unit, discard, after=unit.task))
+
+    def _begin(self, unit: UnitState, reason: str, rebuild: Coroutine[Any, Any, None]) -> None:
+        unit.status, unit.halted = REBUILDING, False
         unit.last_error = reason
         unit.pings = None
-        unit.task = asyncio.get_running_loop().create_task(self._rebuild(unit))
+        unit.task = asyncio.get_running_loop().create_task(rebuild)
 
-    async def _rebuild(self, unit: UnitState) -> None:
+    async def _rebuild(
+        self,
+        unit: UnitState,
+        discard: Callable[[], Awaitable[None]] | None = None,
+        after: asyncio.Task | None = None,
+    ) -> None:
+        if after is not None and not after.done():
+            await asyncio.wait([after])  # its outcome is the unit's state, read below
+            unit.status = REBUILDING
         started = time.monotonic()
         try:
             old = [member.group for member in unit.members if member.group is not None]
@@ -193,12 +266,9 @@ class Supervisor:
                 await asyncio.to_thread(group.shutdown)
             for member in unit.members:  # calls in flight on the old workers fail and settle first
                 await member.journal.settled(self.request_timeout_s + 10)
-            groups = await asyncio.to_thread(unit.unit.start)
-            for member in unit.members:
-                member.group = groups[member.name]
-            replayed = 0
-            for member in unit.members:
-                replayed += await self.replay(member)
+            if discard is not None:
+                await discard()
+            replayed = await self._bring_up(unit)
             unit.generation += 1
             unit.rebuilds += 1
             unit.replayed += replayed
@@ -206,11 +276,12 @@ class Supervisor:
             logger.warning("%s rebuilt in %.1f s, %d calls replayed", unit.unit.name, time.monotonic() - started, replayed)
             if self.on_rebuilt is not None:
                 self.on_rebuilt(unit, replayed)
-        except Exception as exc:  # keep the controller up; the next health check retries
-            unit.status, unit.last_error = FAILED, f"rebuild failed: {type(exc).__name__}: {first_line(exc)}"
-            logger.exception("rebuilding %s failed", unit.unit.name)
+        except Exception as exc:  # keep the controller up; the next health check retries unless halted
+            self._failed(unit, "rebuild", exc)
 
     async def replay(self, member: GroupState) -> int:
         """Give the member's fresh workers its stored state: the snapshot, then every
-        acknowledged call after it in order; returns how many calls were replayed."""
-        return metrics.calls_replayed(member.name, await member.durability.restore(member))
+        acknowledged call after it in order, within the replay deadline (TimeoutError
+        past it); returns how many calls were replayed."""
+        restored = await asyncio.wait_for(member.durability.restore(member), self.replay_timeout_s)
+        return metrics.calls_replayed(member.name, restored)

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from hybridflow.http import oip
 from hybridflow.http.backend import Backend
 from hybridflow.http.errors import install_error_handlers
-from hybridflow.http.routes import docs, groups, health, jobs, login, oip_extensions, status_page
+from hybridflow.http.routes import admin, docs, groups, health, jobs, login, oip_extensions, status_page
 from hybridflow.http.routes import oip as oip_routes
 from hybridflow.http.settings import IngressSettings
 
@@ -30,7 +30,7 @@ def create_app(backend: Backend, settings: IngressSettings | dict[str, Any]) -> 
     app.state.settings = IngressSettings.model_validate(settings)
     install_error_handlers(app)
     routers = (
-        health.router, oip_routes.probes, groups.router, jobs.router,
+        health.router, oip_routes.probes, groups.router, jobs.router, admin.router,
         oip_extensions.router,  # before the core OIP routes: /v2/models/stats is not a model
         oip_routes.router, status_page.router, login.router, docs.router,
     )

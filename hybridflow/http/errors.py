@@ -26,6 +26,7 @@ STATUS_OF: dict[ErrorKind, int] = {
     ErrorKind.IDEMPOTENCY_CONFLICT: 422,
     ErrorKind.OVER_LIMIT: 429,
     ErrorKind.NOT_ENCODABLE: 406,
+    ErrorKind.COLLECT_FAILED: 500,
 }
 
 

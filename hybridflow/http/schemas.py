@@ -60,6 +60,9 @@ class GroupSummary(BaseModel):
     replayed_calls: int = Field(0, description="journaled calls replayed by rebuilds so far")
     journal_length: int = Field(0, description="acknowledged mutating calls a rebuild would replay")
     colocated_with: list[str] = Field(default_factory=list, description="groups sharing these processes")
+    snapshot_error: str | None = Field(
+        None, description="why the latest snapshot failed (retried; the journal keeps every call meanwhile)"
+    )
     methods: list[MethodDescription]
 
 

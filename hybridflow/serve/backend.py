@@ -68,6 +68,9 @@ class ServeBackend:
     async def describe_group(self, group: str) -> GroupSummary | None:
         return await self._within_deadline(self._owner(group).describe_group.remote(group), group)
 
+    async def reset_group(self, group: str) -> GroupSummary | None:
+        return await self._within_deadline(self._owner(group).reset_group.remote(group), group)
+
     async def ready(self) -> dict[str, bool]:
         status = {group: False for group in self.settings.groups}
         for answer in await self._each("ready"):

@@ -84,6 +84,10 @@ class HostedController:
     async def describe_group(self, group: str) -> GroupSummary | None:
         return await self.controller.describe_group(group)
 
+    async def reset_group(self, group: str) -> GroupSummary | None:
+        """An operator's reset of one group (``POST /v1/admin/groups/{group}/reset``)."""
+        return self.controller.reset_group(group)
+
     async def ready(self) -> dict[str, bool]:
         return self.controller.ready()
 

@@ -110,6 +110,14 @@ class IdempotencyCache(Generic[T]):
         task.add_done_callback(finished)
         return await asyncio.shield(task)
 
+    def forget(self, which: Callable[[Hashable], bool]) -> int:
+        """Drop the kept answers whose key ``which`` picks (e.g. a group's, when its state is
+        discarded); returns how many went."""
+        dropped = [key for key in self._kept if which(key)]
+        for key in dropped:
+            self._kept_bytes -= self._kept.pop(key).size
+        return len(dropped)
+
     def store(self, key: Hashable, fingerprint: str | None, answer: T, size: int | None = None) -> None:
         """Keep an answer, dropping the oldest ones past the bounds (an answer larger
         than the byte bound is not kept at all)."""

@@ -18,7 +18,6 @@ from hybridflow.config import load_config
 from hybridflow.control.builder import PoolSet, units
 from hybridflow.control.contract import CallRequest, ErrorKind
 from hybridflow.control.controller import GroupController
-from hybridflow.control.durability import PendingRecord
 from hybridflow.control.placement import GpuBudget, plan_deployment
 from hybridflow.state.codec import decode_call
 from tests.mlp_reference import assert_close, checkpoint_mlp, write_llama_mlp_checkpoint
@@ -117,8 +116,11 @@ def test_a_call_that_reaches_some_ranks_only_is_undone(loop, controller, monkeyp
     # The state store refuses what it cannot encode before anything is sent; here it takes
     # the call as it is, so that Ray's own serialisation fails part way through the ranks.
     durability = controller.groups["acc"].durability
-    monkeypatch.setattr(durability, "prepare", lambda entry, args, kwargs, request: PendingRecord(
-        entry.seq, entry.method, b"", request.idempotency_key, request.fingerprint))
+
+    async def encoded_as_is(method, args, kwargs):
+        return b"unencoded"
+
+    monkeypatch.setattr(durability, "encode", encoded_as_is)
     # rank 2's argument cannot be serialised: ranks 0 and 1 got the call, 2 and 3 did not
     result = call(loop, controller, "acc", "add", x=[1, 1, Unsendable(), 1])
     monkeypatch.undo()

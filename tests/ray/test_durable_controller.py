@@ -31,7 +31,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from hybridflow.config import StateConfig, load_config
 from hybridflow.control.contract import CallRequest, CallResult
 from hybridflow.control.durability import GroupDurability
-from hybridflow.state.store import open_store
+from hybridflow.state.backends import open_store
 from tests.redis_server import start_redis
 
 GPU_ACCUMULATOR = {

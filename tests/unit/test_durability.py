@@ -5,6 +5,7 @@ and where the state path is resolved."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -12,10 +13,12 @@ import torch
 import yaml
 
 from hybridflow.config import DEFAULT_STATE_PATH, GroupConfig, StateConfig, load_config
+from hybridflow.control.catalogue import catalogue
 from hybridflow.control.contract import CallRequest, CallResult, ControllerError, ErrorKind
 from hybridflow.control.durability import GroupDurability, decode_result, encode_result, supports_snapshots
 from hybridflow.control.placement import GpuBudget, plan_deployment
-from hybridflow.state.codec import StateCodecError
+from hybridflow.control.supervisor import GroupState, RestoreRefused
+from hybridflow.state.codec import StateCodecError, encode_call
 from hybridflow.state.idempotency import IdempotencyConflict
 from hybridflow.state.journal import Journal
 from hybridflow.state.store import StateMismatchError
@@ -194,3 +197,62 @@ def test_reload_replaces_entries_and_never_numbers_backwards():
     assert len(journal) == 0 and journal.next_seq == 5
     journal.reload([], 40)
     assert journal.begin("add").seq == 40
+
+
+# -- the store off the loop, replay's catalogue, an operator's reset --------------------------
+
+
+def test_a_held_write_lock_does_not_stall_the_event_loop(tmp_path):
+    """Another process holds the state file's write lock: the write of an applied call
+    waits in the store's thread while the loop keeps serving; it lands once the lock goes."""
+    state = StateConfig(path=str(tmp_path / "state.db"), busy_timeout_s=30)
+    durability = scope(state)
+
+    async def scenario():
+        await durability.open(state, None)
+        holder = sqlite3.connect(state.path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        request = CallRequest("gpu_accumulator", "add", kwargs={"x": [1] * 4})
+        record = durability.prepare(Journal(1).begin("add"), request.args, request.kwargs, request)
+        writing = asyncio.ensure_future(durability.record(record, CallResult(output=[1] * 4)))
+        turns = 0
+        while turns < 200:  # the loop runs other work (other groups' calls, health checks)
+            await asyncio.sleep(0)
+            turns += 1
+        waited = not writing.done()
+        holder.execute("COMMIT")
+        holder.close()
+        await writing
+        return turns, waited
+
+    assert run(scenario()) == (200, True)
+    assert [seq for seq, _ in state.open().load("accumulators/gpu_accumulator").entries] == [1]
+
+
+def test_replay_runs_only_the_groups_own_methods(tmp_path):
+    state = StateConfig(path=str(tmp_path / "state.db"))
+    written = state.open()  # what the store holds when a replica starts
+    written.record_call("accumulators/gpu_accumulator", 1, encode_call("add", [], {"x": [1] * 4}))
+    written.record_call("accumulators/gpu_accumulator", 2, encode_call("__ray_terminate__", [], {}))
+    durability = scope(state)
+    run(durability.open(state, None))
+    member = GroupState(config=GROUP, methods=catalogue(GPUAccumulator, GROUP.read_only), worker_class="GPUAccumulator",
+                        resource_pool="", durability=durability)
+    # the workers are never reached: the refusal comes before anything is sent
+    with pytest.raises(RestoreRefused, match="'__ray_terminate__'.*refusing to replay it"):
+        run(durability.restore(member))
+
+
+def test_a_reset_discards_one_groups_state_and_claims_it_anew(tmp_path):
+    state = StateConfig(path=str(tmp_path / "state.db"))
+    durability = scope(state)
+    run(durability.open(state, None))
+    record(durability, Journal(1), 1, key="k-1")
+    other = scope(state, GROUP.model_copy(update={"name": "gpu_accumulator_a"}))
+    run(other.open(state, None))
+    record(other, Journal(1), 2)
+    run(durability.reset())
+    store = state.open()
+    assert store.load(durability.scope).entries == [] and store.get_answer(durability.scope, "add/k-1") is None
+    assert store.meta(durability.scope) == durability.meta  # claimed again: the group restarts on it
+    assert len(store.load(other.scope).entries) == 1

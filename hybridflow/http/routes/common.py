@@ -34,6 +34,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         415: "unsupported Content-Type",
         422: "arguments that do not fit the method, or the method raised",
         429: "too many jobs waiting",
+        500: "a mutating call was applied and journaled, but collecting its outputs failed",
         503: "group not ready or rebuilding after a worker died (see Retry-After)",
         504: "call ran past the request timeout",
     }.items()

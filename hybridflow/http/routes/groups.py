@@ -70,7 +70,7 @@ async def get_group(group: str, request: Request) -> dict[str, Any]:
     "/v1/groups/{group}/{method}",
     response_model=CallResponse,
     responses={
-        **errors(400, 401, 404, 406, 413, 415, 422, 503, 504),
+        **errors(400, 401, 404, 406, 413, 415, 422, 500, 503, 504),
         200: {"content": {"application/x-safetensors": {}}, "description": "collected output"},
     },
     openapi_extra=CALL_BODY_DOC,

@@ -1,0 +1,32 @@
+"""``/v1/admin``: what an operator does to one group. Token-protected like every route."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from hybridflow.http.auth import require_token
+from hybridflow.http.errors import ApiError
+from hybridflow.http.routes.common import backend, errors, settings
+from hybridflow.http.routes.groups import summary_json
+from hybridflow.http.schemas import GroupSummary
+
+router = APIRouter(tags=["admin"], dependencies=[Depends(require_token)])
+
+
+@router.post("/v1/admin/groups/{group}/reset", status_code=202, response_model=GroupSummary,
+             responses=errors(401, 404))
+async def reset_group(group: str, request: Request) -> Any:
+    """Discard the group's stored state (journal, snapshot, Idempotency-Key answers) and
+    rebuild it fresh, as its workers' constructor and init calls leave it; other groups
+    keep theirs. The way out for a group whose stored state cannot be restored (status
+    ``failed``); on a ready group it discards every acknowledged call. Answers at once:
+    the group is ``rebuilding``, then ``ready`` (poll ``GET /v1/groups/{group}``)."""
+    if settings(request).deployment_of(group) is None:
+        raise ApiError(404, f"unknown group {group!r}")
+    summary = await backend(request).reset_group(group)
+    if summary is None:
+        raise ApiError(404, f"unknown group {group!r}")
+    return JSONResponse(summary_json(summary), status_code=202)
