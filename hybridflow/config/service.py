@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from ipaddress import ip_network
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, IPvAnyNetwork, field_validator, model_validator
 
 from hybridflow.config.groups import DeploymentConfig, GroupConfig, ModelConfig, _Strict
 from hybridflow.config.state import StateConfig
 from hybridflow.wire.limits import DEFAULT_LIMITS as WIRE_DEFAULTS
 from hybridflow.wire.limits import MAX_DEPTH as WIRE_MAX_DEPTH
 from hybridflow.wire.limits import WireLimits
+
+#: Trusted proxies by default: only this host's own (a proxy beside the service).
+LOOPBACK = ("127.0.0.1/32", "::1/128")
 
 
 class LimitsConfig(_Strict):
@@ -40,6 +44,9 @@ class LimitsConfig(_Strict):
     jobs_queued: int = Field(64, ge=0, description="jobs waiting; more answer 429")
     jobs_kept: int = Field(100, ge=0, description="finished jobs kept for their status")
     jobs_result_bytes: int = Field(1 << 30, ge=0, description="bytes of finished jobs' results kept")
+    login_failures_per_minute: int = Field(
+        10, ge=1, description="wrong tokens a client address may send to POST /login in a minute; more answer 429"
+    )
 
     def wire(self) -> WireLimits:
         """The bounds the decoders (wire) take."""
@@ -67,6 +74,12 @@ class ServiceConfig(_Strict):
     max_body_bytes: int = Field(1 << 30, gt=0, description="larger request bodies answer 413")
     auth_token: str | None = Field(
         None, description="when set (or SC_AUTH_TOKEN is), every route but health checks needs 'Bearer <token>'"
+    )
+    trusted_proxies: list[IPvAnyNetwork] = Field(
+        default_factory=lambda: [ip_network(n) for n in LOOPBACK],
+        description="IP addresses or networks of reverse proxies whose X-Forwarded-For (the client's address, "
+        "for the login limit) and X-Forwarded-Proto (https: the login cookie is Secure) are believed; "
+        "default loopback only; [] believes no proxy",
     )
     state: StateConfig = StateConfig()
     limits: LimitsConfig = LimitsConfig()

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from hybridflow.http import oip
 from hybridflow.http.backend import Backend
 from hybridflow.http.errors import install_error_handlers
+from hybridflow.http.login_limit import LoginLimiter
 from hybridflow.http.routes import admin, docs, groups, health, jobs, login, oip_extensions, status_page
 from hybridflow.http.routes import oip as oip_routes
 from hybridflow.http.settings import IngressSettings
@@ -28,6 +29,7 @@ def create_app(backend: Backend, settings: IngressSettings | dict[str, Any]) -> 
     )
     app.state.backend = backend
     app.state.settings = IngressSettings.model_validate(settings)
+    app.state.login_limiter = LoginLimiter(app.state.settings.login_failures_per_minute)
     install_error_handlers(app)
     routers = (
         health.router, oip_routes.probes, groups.router, jobs.router, admin.router,

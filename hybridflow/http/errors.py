@@ -71,3 +71,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(422, _validation_message(exc))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        # Anything else is a fault of the service: JSON like every answer, no traceback (it may
+        # show paths, values or other clients' data). Starlette re-raises the exception after
+        # this answer, so the server (uvicorn, Serve's replica) logs it.
+        return error_response(500, f"internal error ({type(exc).__name__}); the service log has the details")

@@ -93,7 +93,8 @@ class ErrorResponse(BaseModel):
 
 class Health(BaseModel):
     status: str
-    groups: dict[str, bool] = Field(default_factory=dict)
+    #: Each group's readiness (only to a client with the token, when one is configured).
+    groups: dict[str, bool] | None = None
 
 
 class JobStatus(BaseModel):

@@ -3,10 +3,12 @@ model is served, built once from the serve config when the application is built.
 
 from __future__ import annotations
 
+from ipaddress import ip_network
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork
 
+from hybridflow.config.service import LOOPBACK
 from hybridflow.wire.limits import WireLimits
 
 
@@ -24,6 +26,10 @@ class IngressSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     auth_token: str | None = None
+    #: Proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (hybridflow.http.proxies).
+    trusted_proxies: list[IPvAnyNetwork] = Field(default_factory=lambda: [ip_network(n) for n in LOOPBACK])
+    #: Wrong tokens a client may send to POST /login in a minute (hybridflow.http.login_limit).
+    login_failures_per_minute: int = Field(10, gt=0)
     max_body_bytes: int = Field(1 << 30, gt=0)
     request_timeout_s: float = Field(120.0, gt=0)
     max_split: int = 4096

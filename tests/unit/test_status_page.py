@@ -10,10 +10,12 @@ import re
 import httpx
 import pytest
 
+from hybridflow.http.auth import session_value
 from tests.unit.observed_stub import GROUPS, JOB, observed_app
 from tests.unit.served_app import served
 
 TOKEN = "page-token"
+SESSION = session_value(TOKEN)
 
 
 def run(coro):
@@ -55,9 +57,9 @@ def test_login_checks_the_token_and_sets_an_httponly_strict_cookie():
     right = run(fetch(app, "POST", "/login", data={"token": TOKEN, "next": "/ui"}))
     assert right.status_code == 303 and right.headers["location"] == "/ui"
     cookie = right.headers["set-cookie"]
-    assert cookie.startswith(f"sc_token={TOKEN};")
+    assert cookie.startswith(f"sc_token={SESSION};") and TOKEN not in cookie
     assert {"httponly", "path=/", "samesite=strict"} <= {part.strip().lower() for part in cookie.split(";")}
-    with_cookie = {"cookies": {"sc_token": TOKEN}}
+    with_cookie = {"cookies": {"sc_token": SESSION}}
     assert run(fetch(app, "GET", "/ui", **with_cookie)).status_code == 200
     assert run(fetch(app, "GET", "/v1/groups", **with_cookie)).status_code == 200
     out = run(fetch(app, "POST", "/logout"))
@@ -135,7 +137,7 @@ def test_in_a_browser_login_then_the_page_shows_groups_ranks_and_jobs(browser):
 def test_in_a_browser_the_api_docs_render_offline_and_list_the_routes(browser):
     with served(observed_app(TOKEN)) as url:
         context = browser.new_context()
-        context.add_cookies([{"name": "sc_token", "value": TOKEN, "url": url}])
+        context.add_cookies([{"name": "sc_token", "value": SESSION, "url": url}])
         page = context.new_page()
         outside: list[str] = []
         page.on("request", lambda r: None if r.url.startswith((url, "data:")) else outside.append(r.url))

@@ -18,6 +18,10 @@ from hybridflow.http.settings import IngressSettings
 
 T = TypeVar("T")
 
+#: Longest Idempotency-Key: the controllers keep each key with its answer (and the state
+#: store journals it), so its size is bounded like a body's.
+MAX_IDEMPOTENCY_KEY_CHARS = 200
+
 #: Bodies (and answers) this large are decoded (and encoded) off the event loop, so one
 #: large request never stalls the others.
 OFF_LOOP_BYTES = 256 * 1024
@@ -66,8 +70,12 @@ async def call_request(request: Request, group: str, method: str) -> CallRequest
     config = settings(request)
     if config.deployment_of(group) is None:
         raise ApiError(404, f"unknown group {group!r}; groups: {', '.join(sorted(config.groups))}")
+    key = request.headers.get("idempotency-key") or None
+    if key is not None and len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
+        raise ApiError(
+            400, f"Idempotency-Key has {len(key)} characters, over the limit of {MAX_IDEMPOTENCY_KEY_CHARS}"
+        )
     kind = body_kind(request, (JSON, SAFETENSORS))
     body = await read_body(request, config.max_body_bytes)
     args, kwargs = await off_loop(len(body), parse_call_body, kind, body, config.wire_limits())
-    key = request.headers.get("idempotency-key") or None
     return CallRequest(group, method, args, kwargs, key, fingerprint(kind, body) if key else None)

@@ -1,4 +1,5 @@
-"""Liveness and readiness probes: they answer without a token."""
+"""Liveness and readiness probes: they answer without a token. Readiness names the groups
+only to a client with the token (when one is configured): the group names are the API's."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from hybridflow.http.auth import authorized
 from hybridflow.http.errors import error_response
 from hybridflow.http.routes.common import backend, errors
 from hybridflow.http.schemas import Health
@@ -13,17 +15,21 @@ from hybridflow.http.schemas import Health
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", response_model=Health)
+@router.get("/healthz", response_model=Health, response_model_exclude_none=True)
 async def healthz() -> dict[str, Any]:
     """Liveness: the ingress answers."""
     return {"status": "live"}
 
 
-@router.get("/readyz", response_model=Health, responses=errors(503))
+@router.get("/readyz", response_model=Health, response_model_exclude_none=True, responses=errors(503))
 async def readyz(request: Request) -> Any:
-    """Readiness: every group of every controller is ready."""
+    """Readiness: every group of every controller is ready. With the token (or when none is
+    configured), the answer says so of each group."""
     groups = await backend(request).ready()
+    detail = authorized(request)
     if groups and all(groups.values()):
-        return {"status": "ready", "groups": groups}
+        return {"status": "ready", "groups": groups} if detail else {"status": "ready"}
+    if not detail:
+        return error_response(503, "not ready")
     waiting = sorted(name for name, ok in groups.items() if not ok) or ["controllers"]
     return error_response(503, f"not ready: {', '.join(waiting)}")
