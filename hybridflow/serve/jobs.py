@@ -9,10 +9,17 @@ read-only methods whose output rows depend on their input rows alone, such as th
 layer: a mutating method's pieces would be applied in part when a piece fails or the job
 is cancelled. Cancelling ends the job at once and starts no further piece; a call already
 on the workers finishes there and, when it changes state, is journaled like any
-acknowledged call (the controller settles it whoever stopped waiting).
+acknowledged call (the controller settles it whoever stopped waiting). A job cancelled
+while it waits for a slot lets go of its place in the queue and of its arguments at once.
+
+With an ``Idempotency-Key``, a repeat of a job with the same body (and split) gets the
+first job, and the same key with another body is refused; the job's call carries the key
+to the controller, so even a repeat that arrives after this deployment restarted (or after
+the job was forgotten) is not applied twice: it gets the first call's answer.
 
 Bounded: ``jobs_running`` at once, ``jobs_queued`` waiting (more are refused), and the
-finished ones kept by count and by their results' bytes, oldest dropped first.
+finished ones (cancelled ones too) kept by count and by their results' bytes, oldest
+dropped first; the jobs listed are never more than those three bounds together.
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ class Job:
     outcome: CallResult | None = None
     result_bytes: int = 0
     task: asyncio.Task | None = None
+    #: (group, method, Idempotency-Key) when the job was submitted with one.
+    key: tuple[str, str, str] | None = None
 
     def describe(self) -> dict[str, Any]:
         now = time.time()
@@ -85,9 +94,18 @@ class JobsDeployment:
         self.read_only = {group: set(methods) for group, methods in read_only.items()}
         self.limits = LimitsConfig.model_validate(limits or {})
         self.jobs: dict[str, Job] = {}
+        #: Idempotency-Key -> (body fingerprint and split, job id), for the jobs kept.
+        self._keys: dict[tuple[str, str, str], tuple[str | None, str]] = {}
         self._slots = asyncio.Semaphore(self.limits.jobs_running)
 
     async def submit(self, controller: str, request: CallRequest, split: int = 1) -> dict[str, Any] | ControllerError:
+        key = fingerprint = None
+        if request.idempotency_key is not None:
+            key = (request.group, request.method, request.idempotency_key)
+            fingerprint = None if request.fingerprint is None else f"{request.fingerprint}/split={split}"
+            earlier = self._repeat(key, fingerprint)
+            if earlier is not None:
+                return earlier
         if split > 1 and request.method not in self.read_only.get(request.group, set()):
             return ControllerError(
                 ErrorKind.BAD_ARGUMENTS,
@@ -103,41 +121,66 @@ class JobsDeployment:
             return ControllerError(
                 ErrorKind.OVER_LIMIT, f"{queued} jobs are waiting already; retry later", retry_after_s=5.0
             )
-        job = Job(id=uuid.uuid4().hex, request=request, controller=controller, split=split)
+        job = Job(id=uuid.uuid4().hex, request=request, controller=controller, split=split, key=key)
         self.jobs[job.id] = job
+        if key is not None:
+            self._keys[key] = (fingerprint, job.id)
         job.task = asyncio.get_running_loop().create_task(self._run(job, pieces))
         return job.describe()
 
+    def _repeat(self, key: tuple[str, str, str], fingerprint: str | None) -> dict[str, Any] | ControllerError | None:
+        """The job first submitted under this key (None: none kept), or the refusal of
+        another body under it."""
+        earlier = self._keys.get(key)
+        if earlier is None or earlier[1] not in self.jobs:
+            return None
+        if earlier[0] is not None and fingerprint is not None and earlier[0] != fingerprint:
+            return ControllerError(
+                ErrorKind.IDEMPOTENCY_CONFLICT,
+                f"Idempotency-Key {key[2]!r} was used with a different request body (or split) for job {earlier[1]}",
+            )
+        return self.jobs[earlier[1]].describe()
+
     async def _run(self, job: Job, pieces: SplitCall) -> None:
-        async with self._slots:
-            if job.cancel_requested:
-                job.finished_at, job.task = time.time(), None
+        try:
+            async with self._slots:
+                if job.cancel_requested:
+                    return
+                job.status, job.started_at = "running", time.time()
+                await self._run_pieces(job, pieces)
+        except asyncio.CancelledError:
+            job.status = "cancelled"
+        except Exception as exc:  # keep the job record; say what happened, no traceback
+            job.status, job.error = "failed", f"{type(exc).__name__}: {first_line(exc)}"
+            job.error_kind = ErrorKind.UNAVAILABLE.value
+        finally:
+            self._finish(job)
+
+    async def _run_pieces(self, job: Job, pieces: SplitCall) -> None:
+        handle = self._controller(job.controller)
+        request, outputs, outcome = job.request, [], None
+        for index, (args, kwargs) in enumerate(pieces):
+            # A whole call keeps the job's key: the controller applies it once, whoever repeats it.
+            keyed = (request.idempotency_key, request.fingerprint) if job.split == 1 else (None, None)
+            outcome = await handle.call.remote(CallRequest(request.group, request.method, args, kwargs, *keyed))
+            if outcome.error is not None:
+                job.status, job.error = "failed", outcome.error.message
+                job.error_kind = outcome.error.kind.value
                 return
-            job.status, job.started_at = "running", time.time()
-            handle = self._controller(job.controller)
-            request, outputs, outcome = job.request, [], None
-            try:
-                for index, (args, kwargs) in enumerate(pieces):
-                    piece = CallRequest(request.group, request.method, args, kwargs)
-                    outcome = await handle.call.remote(piece)
-                    if outcome.error is not None:
-                        job.status, job.error = "failed", outcome.error.message
-                        job.error_kind = outcome.error.kind.value
-                        return
-                    outputs.append(outcome.output)
-                    job.progress = (index + 1) / job.split
-                outcome.output = join_outputs(outputs)
-                job.outcome, job.result_bytes = outcome, estimate_bytes(outcome.output)
-                job.status = "succeeded"
-            except asyncio.CancelledError:
-                job.status = "cancelled"
-            except Exception as exc:  # keep the job record; say what happened, no traceback
-                job.status, job.error = "failed", f"{type(exc).__name__}: {first_line(exc)}"
-                job.error_kind = ErrorKind.UNAVAILABLE.value
-            finally:
-                job.finished_at, job.task = time.time(), None
-                job.request = CallRequest(request.group, request.method)  # its tensors are no longer needed
-                self._forget_old()
+            outputs.append(outcome.output)
+            job.progress = (index + 1) / job.split
+        outcome.output = join_outputs(outputs)
+        job.outcome, job.result_bytes = outcome, estimate_bytes(outcome.output)
+        job.status = "succeeded"
+
+    def _finish(self, job: Job) -> None:
+        """A job ends (done, failed, or cancelled, queued or running): it lets go of its
+        arguments and task, and the oldest finished jobs past the bounds go."""
+        if job.finished_at is None:
+            job.finished_at = time.time()
+        job.task = None
+        job.request = CallRequest(job.request.group, job.request.method)  # its tensors are no longer needed
+        self._forget_old()
 
     def _controller(self, name: str) -> Any:
         """The handle that runs ``name``'s calls: its controller replica's, or, where the
@@ -155,6 +198,8 @@ class JobsDeployment:
             old = finished.pop(0)
             kept_bytes -= old.result_bytes
             self.jobs.pop(old.id, None)
+            if old.key is not None and self._keys.get(old.key, (None, None))[1] == old.id:
+                del self._keys[old.key]
 
     async def status(self, job_id: str) -> dict[str, Any] | None:
         job = self.jobs.get(job_id)
@@ -165,15 +210,20 @@ class JobsDeployment:
         return None if job is None else {"job": job.describe(), "outcome": job.outcome}
 
     async def cancel(self, job_id: str) -> dict[str, Any] | None:
-        """End the job: no further piece starts (one on the workers finishes there)."""
+        """End the job: no further piece starts (one on the workers finishes there); a
+        queued job leaves the queue, with its arguments, now."""
         job = self.jobs.get(job_id)
         if job is None:
             return None
         if job.status in ("queued", "running"):
             job.cancel_requested = True
             job.status = "cancelled"
-            if job.task is not None and job.started_at is not None:
+            if job.task is not None:
                 job.task.cancel()
+            if job.started_at is None:  # it holds no slot; its task may never have run
+                described = job.describe()
+                self._finish(job)
+                return described
         return job.describe()
 
     async def list_jobs(self) -> list[dict[str, Any]]:

@@ -43,7 +43,9 @@ async def _job(request: Request, job_id: str, action: str = "status") -> dict[st
 )
 async def submit_job(group: str, method: str, request: Request, split: int = 1) -> Any:
     """Run a call as a job; poll ``GET /v1/jobs/{id}``. ``split`` cuts the dp-list argument's
-    tensors into that many pieces along dim 0 (read-only row-wise methods only) for progress."""
+    tensors into that many pieces along dim 0 (read-only row-wise methods only) for progress.
+    With an ``Idempotency-Key``, a repeat with the same body and split gets the first job
+    (the call is applied once), and the same key with another body gets 422."""
     limit = settings(request).max_split
     if not 1 <= split <= limit:
         raise ApiError(422, f"split must be within [1, {limit}], got {split}")
