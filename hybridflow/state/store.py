@@ -159,10 +159,13 @@ class StateStore(ABC):
                 f"{limit - VALUE_OVERHEAD_BYTES}, or raise the store's limit"
             )
 
-    def _parts(self, data: bytes) -> list[bytes]:
-        """``data`` in parts that each fit the backend's values."""
+    def _parts(self, data: bytes) -> list[bytes | memoryview]:
+        """``data`` in parts that each fit the backend's values (views: no copy of it)."""
         size = max(1, min(SNAPSHOT_PART_BYTES, self.max_value_bytes - VALUE_OVERHEAD_BYTES))
-        return [data[i:i + size] for i in range(0, len(data), size)]
+        if len(data) <= size:
+            return [data]
+        view = memoryview(data)
+        return [view[i:i + size] for i in range(0, len(data), size)]
 
     # -- the contract -------------------------------------------------------------------
     def open_scope(self, scope: str, meta: ScopeMeta) -> ScopeState:
