@@ -9,7 +9,8 @@ too), its imports are rewritten by the import table below (nothing else in the t
 changes), and the tests run with this Python (the project's venv) on a local Ray cluster
 with 8 logical GPUs: every ``ray.init()`` the tests make without an address starts a
 fresh local cluster (never one another process runs) that declares ``num_gpus=8`` unless
-the test says otherwise.
+the test says otherwise; a cluster start that times out (Ray gives it a fixed 30 s) is
+tried again, and the file's line says so.
 
 What each file must do depends on the ref (``PROFILES``): the files that need no CUDA
 hardware must pass, every test in them; a file whose tests need CUDA at that ref is
@@ -114,11 +115,17 @@ PROFILES = [
 ]
 
 LOCAL_CLUSTER_GPUS = 8
+#: Starts of a local cluster the plugin tries: Ray gives its raylet a fixed 30 s to
+#: register, which a loaded machine can miss; a start that times out is tried again.
+LOCAL_CLUSTER_STARTS = 3
+#: The environment variable naming the file where the plugin notes each start tried again.
+RESTART_LOG_ENV = "VERL_TESTS_CLUSTER_RESTARTS"
 #: Modules verl's tests import beyond this project, and where to get them.
 EXTRA_MODULES = {"codetiming": "pip install -e '.[verl-tests]'"}
 
 #: Loaded into every test process (a pytest plugin, or before the script runs).
-LOCAL_CLUSTER_PLUGIN = f'''"""ray.init() without an address: a fresh local cluster with {LOCAL_CLUSTER_GPUS} logical GPUs."""
+LOCAL_CLUSTER_PLUGIN = f'''"""ray.init() without an address: a fresh local cluster with {LOCAL_CLUSTER_GPUS} logical GPUs
+(a start that times out, which a loaded machine can cause, is tried again and noted)."""
 import os
 
 import ray
@@ -127,11 +134,19 @@ _ray_init = ray.init
 
 
 def _init_local(address=None, **kwargs):
-    if address is None and not os.environ.get("RAY_ADDRESS"):
-        address = "local"  # never attach to a cluster another process started
-        kwargs.setdefault("num_gpus", {LOCAL_CLUSTER_GPUS})
-        kwargs.setdefault("include_dashboard", False)
-    return _ray_init(address, **kwargs)
+    if address is not None or os.environ.get("RAY_ADDRESS"):
+        return _ray_init(address, **kwargs)
+    kwargs.setdefault("num_gpus", {LOCAL_CLUSTER_GPUS})
+    kwargs.setdefault("include_dashboard", False)
+    for attempt in range(1, {LOCAL_CLUSTER_STARTS} + 1):
+        try:
+            return _ray_init("local", **kwargs)  # never attach to a cluster another process started
+        except Exception as exc:
+            if attempt == {LOCAL_CLUSTER_STARTS} or "timed out during startup" not in str(exc):
+                raise
+            with open(os.environ["{RESTART_LOG_ENV}"], "a") as log:
+                log.write("restart\\n")
+            ray.shutdown()
 
 
 ray.init = _init_local
@@ -237,6 +252,10 @@ def run(cmd: list[str], cwd: Path, timeout_s: float, env: dict[str, str]) -> tup
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         out += f"\n[timed out after {timeout_s:g} s]"
+    try:  # what the run left behind (a cluster that failed to start), so the next file starts clean
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     return proc.returncode, out, time.monotonic() - start
 
 
@@ -261,13 +280,26 @@ def run_pytest_file(rel: str, work: Path, python: str, env: dict[str, str], time
     if leftovers:
         return Outcome(rel, False, f"imports outside the table: {leftovers}", 0.0)
     report = work / f"report-{rel.replace('/', '_')}.xml"
+    restarts = work / f"restarts-{rel.replace('/', '_')}.txt"
     cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "_local_ray_cluster",
            f"--junitxml={report}", str(path.relative_to(work))]
-    code, out, seconds = run(cmd, work, timeout_s, env)
+    code, out, seconds = run(cmd, work, timeout_s, {**env, RESTART_LOG_ENV: str(restarts)})
     (work / f"log-{rel.replace('/', '_')}.txt").write_text(out)  # kept with --keep
     cases = pytest_cases(report)
-    if up_to_cuda:
-        return judge_up_to_cuda(rel, cases, out, seconds)
+    outcome = judge_up_to_cuda(rel, cases, out, seconds) if up_to_cuda else judge(rel, cases, code, out, seconds)
+    return note_restarts(outcome, restarts)
+
+
+def note_restarts(outcome: Outcome, log: Path) -> Outcome:
+    """Say in the file's line how many local cluster starts timed out and were tried again."""
+    count = len(log.read_text().split()) if log.exists() else 0
+    if count:
+        outcome.detail += f" ({count} local cluster start(s) timed out and were tried again)"
+    return outcome
+
+
+def judge(rel: str, cases: list[tuple[str, str, str]], code: int, out: str, seconds: float) -> Outcome:
+    """Passes when every test case of the file passed."""
     passed = [name for name, outcome, _ in cases if outcome == "passed"]
     if code == 0 and cases and len(passed) == len(cases):
         return Outcome(rel, True, f"{len(passed)} passed", seconds, len(passed), len(cases))
@@ -303,12 +335,16 @@ def run_abort_script(work: Path, python: str, env: dict[str, str], wait_time: in
         "import _local_ray_cluster; sys.argv = [sys.argv[1]]; runpy.run_path(sys.argv[0], run_name='__main__')"
     )
     limit = 300 + 6 * wait_time
-    rc, out, seconds = run([python, "-c", code, str(path)], work, limit, {**env, "WAIT_TIME": str(wait_time)})
+    restarts = work / "restarts-check_worker_alive.txt"
+    script_env = {**env, "WAIT_TIME": str(wait_time), RESTART_LOG_ENV: str(restarts)}
+    rc, out, seconds = run([python, "-c", code, str(path)], work, limit, script_env)
     if rc == -signal.SIGABRT:
         started = "foo started" in out
-        return Outcome(ABORTS, started, f"driver aborted by SIGABRT (exit {rc}) {seconds:.1f} s after start, "
-                       f"with WAIT_TIME={wait_time} (it would otherwise sleep {6 * wait_time} s more)", seconds)
-    return Outcome(ABORTS, False, f"driver was not aborted (exit {rc}): {out[-2000:]}", seconds)
+        outcome = Outcome(ABORTS, started, f"driver aborted by SIGABRT (exit {rc}) {seconds:.1f} s after start, "
+                          f"with WAIT_TIME={wait_time} (it would otherwise sleep {6 * wait_time} s more)", seconds)
+    else:
+        outcome = Outcome(ABORTS, False, f"driver was not aborted (exit {rc}): {out[-2000:]}", seconds)
+    return note_restarts(outcome, restarts)
 
 
 def plan(profile: Profile, staged: list[str]) -> tuple[list[str], list[str]]:

@@ -122,3 +122,35 @@ def test_every_file_of_a_ref_has_an_expectation(tmp_path):
     )
     _, unknown = plan(by_name["v0.4.1"], [*V07_TREE, "test_brand_new.py"])
     assert "test_brand_new.py" in unknown  # a file no expectation covers fails the run
+
+
+def test_the_cluster_plugin_starts_a_local_cluster_again_when_a_start_times_out(tmp_path, monkeypatch):
+    import importlib.util
+    import sys
+    import types
+
+    from examples.run_verl_tests import LOCAL_CLUSTER_PLUGIN, RESTART_LOG_ENV
+
+    calls, shutdowns, failures = [], [], [2]
+
+    def fake_init(address=None, **kwargs):
+        calls.append((address, kwargs))
+        if failures[0] > 0:
+            failures[0] -= 1
+            raise Exception("The current node timed out during startup. ...")
+        return "started"
+
+    fake_ray = types.SimpleNamespace(init=fake_init, shutdown=lambda: shutdowns.append(1))
+    monkeypatch.setitem(sys.modules, "ray", fake_ray)
+    monkeypatch.setenv(RESTART_LOG_ENV, str(tmp_path / "restarts.txt"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(LOCAL_CLUSTER_PLUGIN)
+    spec = importlib.util.spec_from_file_location("local_cluster_plugin", plugin)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    assert fake_ray.init(num_cpus=100) == "started"
+    assert calls[-1] == ("local", {"num_cpus": 100, "num_gpus": 8, "include_dashboard": False})
+    assert len(shutdowns) == 2 and (tmp_path / "restarts.txt").read_text().split() == ["restart", "restart"]
+    failures[0] = 3
+    with pytest.raises(Exception, match="timed out"):  # after three starts it gives up
+        fake_ray.init()
