@@ -322,8 +322,9 @@ def judge_up_to_cuda(rel: str, cases: list[tuple[str, str, str]], out: str, seco
             reason = next((line for line in lines if "CUDA" in line and "Error" in line), "")
             notes.append(f"{name}: every step passed up to its CUDA step, which failed as expected ({reason})")
         else:
-            return Outcome(rel, False, f"{name} failed before its CUDA step: {message.strip()[:2000]}", seconds)
-    return Outcome(rel, True, "; ".join(notes), seconds)
+            return Outcome(rel, False, f"{name} failed before its CUDA step: {message.strip()[:2000]}", seconds,
+                           0, len(cases))
+    return Outcome(rel, True, "; ".join(notes), seconds, len(cases), len(cases))
 
 
 def run_abort_script(work: Path, python: str, env: dict[str, str], wait_time: int) -> Outcome:
@@ -341,9 +342,10 @@ def run_abort_script(work: Path, python: str, env: dict[str, str], wait_time: in
     if rc == -signal.SIGABRT:
         started = "foo started" in out
         outcome = Outcome(ABORTS, started, f"driver aborted by SIGABRT (exit {rc}) {seconds:.1f} s after start, "
-                          f"with WAIT_TIME={wait_time} (it would otherwise sleep {6 * wait_time} s more)", seconds)
+                          f"with WAIT_TIME={wait_time} (it would otherwise sleep {6 * wait_time} s more)", seconds,
+                          int(started), 1)
     else:
-        outcome = Outcome(ABORTS, False, f"driver was not aborted (exit {rc}): {out[-2000:]}", seconds)
+        outcome = Outcome(ABORTS, False, f"driver was not aborted (exit {rc}): {out[-2000:]}", seconds, 0, 1)
     return note_restarts(outcome, restarts)
 
 
@@ -407,8 +409,9 @@ def main() -> int:
                 print(f"SKIP  {rel:38s}           not run: {why_not}")
         good = sum(o.ok for o in outcomes)
         passed, ran = sum(o.passed for o in outcomes), sum(o.ran for o in outcomes)
-        print(f"\nRESULT: {good}/{len(outcomes)} as expected; {passed}/{ran} tests of the must-pass files passed "
-              f"({sum(o.seconds for o in outcomes):.0f} s of test runs)")
+        up_to = f" ({BASICS} up to its CUDA step)" if profile.basics_needs_cuda and not args.only else ""
+        print(f"\nRESULT: {good}/{len(outcomes)} files as expected; {passed}/{ran} tests that need no CUDA "
+              f"hardware passed{up_to} ({sum(o.seconds for o in outcomes):.0f} s of test runs)")
         return 0 if good == len(outcomes) else 1
     finally:
         if args.keep:
