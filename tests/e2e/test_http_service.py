@@ -75,7 +75,8 @@ def test_group_listing_and_details(http):
     assert methods["foo_rank_zero"]["execute_mode"] == "RANK_ZERO"
     assert methods["foo"]["dispatch_mode"] == "EXECUTE_ALL"
     mlp_methods = {m["name"]: m["dispatch_mode"] for m in groups["mlp"]["methods"]}
-    assert mlp_methods == {"init_model": "ONE_TO_ALL", "get_weights": "ONE_TO_ALL", "run_layer": "MEGATRON_COMPUTE"}
+    assert mlp_methods == {"init_model": "ONE_TO_ALL", "get_weights": "ONE_TO_ALL", "run_layer": "MEGATRON_COMPUTE",
+                           "train_step": "ONE_TO_ALL"}
     merged = http.get("/v1/groups/gpu_accumulator_merge").json()
     assert [r["local_rank"] for r in merged["ranks"]] == [0, 1, 2, 3, 0, 1, 2, 3]
     assert all(r["node_id"] for r in merged["ranks"])
