@@ -637,6 +637,10 @@ def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
             out["safetensors_ratio"] = out["safetensors_bandwidth_MBps"] / out["noop_bandwidth_MBps"]
             out["oip_binary_ratio"] = out["oip_binary_bandwidth_MBps"] / out["noop_bandwidth_MBps"]
         out.update(bench_batching(proc.url, quick))
+        if proc.grpc_address is not None:  # the Open Inference Protocol over gRPC beside HTTP
+            from bench.grpc_path import grpc_vs_http
+
+            out.update(grpc_vs_http(proc.url, proc.grpc_address, n=20 if quick else 60))
     finally:
         proc.stop()
     return out
@@ -731,6 +735,9 @@ def bench_batching(url: str, quick: bool) -> dict[str, Any]:
 
 TARGETS = {
     "add8_floor_ratio": ("HTTP add, 8 ranks / hand-written FastAPI app p50", 1.5, "max"),
+    "grpc_over_http": ("mlp infer p50: gRPC / HTTP binary", 1.0, "max"),
+    "weight_sync_vs_floor": ("weight sync tp4->tp2 / one ray.get of the full model", 1.0, "max"),
+    "weight_sync_bytes_fraction_of_full": ("bytes per destination rank / full model (tp4->tp2)", 0.5, "max"),
     "rps_floor_ratio": ("add rps / hand-written app rps (32 clients)", 0.67, "min"),
     "cold_start_floor_ratio": ("cold start / one script starting the same processes", 1.3, "max"),
     "one_to_all_ratio": ("ONE_TO_ALL / raw fan-out p50", 1.15, "max"),
@@ -750,6 +757,9 @@ TARGETS = {
 #: Each figure's raw numbers, as the PNG and the JSON's targets show them beside the ratio.
 RAW = {
     "add8_floor_ratio": "{add8_p50_ms:.1f} vs {floor_add8_p50_ms:.1f} ms",
+    "grpc_over_http": "{grpc_mlp_p50_ms:.1f} vs {http_mlp_p50_ms:.1f} ms",
+    "weight_sync_vs_floor": "{weight_sync_p50_s:.3f} vs {weight_sync_floor_full_get_p50_s:.3f} s",
+    "weight_sync_bytes_fraction_of_full": "of {weight_sync_full_mib:.0f} MiB",
     "rps_floor_ratio": "{rps_add8_32:.0f} vs {rps_floor_32:.0f} requests/s",
     "cold_start_floor_ratio": "{cold_start_service_s:.0f} vs {cold_start_floor_s:.0f} s",
     "one_to_all_ratio": "{one_to_all_p50_ms:.2f} vs {fanout_raw_p50_ms:.2f} ms",
@@ -813,6 +823,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     results.update(bench_library(options.quick))
     results.update(bench_durable_call(options.quick))
+    from bench.weight_sync import bench_weight_sync
+
+    results.update(bench_weight_sync(options.quick))
     if not options.skip_http:
         results.update(bench_http(options.quick, results))
     results["bench_seconds"] = time.perf_counter() - started
