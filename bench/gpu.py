@@ -152,7 +152,11 @@ def gpu_serve_config() -> Path:
     app = document["applications"][0]
     app["args"]["state"] = {"path": None}
     deployments = [d for d in app["args"]["deployments"] if d["name"] == "mlp"]
+    # the `mlp` group and its models alone (other groups of the deployment need more GPUs)
+    deployments[0]["groups"] = [g for g in deployments[0]["groups"] if g["name"] == "mlp"]
+    deployments[0]["models"] = [m for m in deployments[0].get("models", []) if m["group"] == "mlp"]
     group = deployments[0]["groups"][0]
+    group.pop("weights_from", None)
     group["pool"] = {"process_on_nodes": [1], "use_gpu": torch.cuda.is_available()}
     group["megatron"]["tensor_model_parallel_size"] = 1
     for call in group.get("init_calls", []):
@@ -218,6 +222,16 @@ def main(argv: list[str] | None = None) -> int:
         options.out.write_text(json.dumps(results, indent=2) + "\n")  # kept should infer fail
     if "infer" in options.parts:
         results["infer"] = bench_infer(quick)
+    if "layer" in options.parts and "infer" in options.parts:
+        # A lone request against the forward it runs: what the served path adds on the GPU.
+        fp32 = results["layer"]["precisions"]["fp32"]["forwards"]
+        forward_ms = next(r["ms"] for r in fp32 if r["layer"] == "tp1" and r["shape"][:2] == [8, 2])
+        results["request_vs_forward"] = {
+            "forward_ms": forward_ms,
+            "lone_request_unbatched_p50_ms": results["infer"]["batching_single_p50_unbatched_ms"],
+            "added_ms": results["infer"]["batching_single_p50_unbatched_ms"] - forward_ms,
+            "batched_over_unbatched_rps_16": results["infer"]["batching_rps_ratio"],
+        }
     options.out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
     return 0
