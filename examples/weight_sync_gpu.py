@@ -17,7 +17,9 @@ NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected")
 - with 2 or more GPUs, source ranks sit on the first half of the GPUs and destination
   ranks on the second half, and the NCCL path runs between processes;
 - with 1 GPU, the script tries NCCL between two processes on it and reports what NCCL
-  answers, then runs the same send and receive code in one process over a loopback group
+  answers; then it moves the plan's slices through NCCL's send and receive within one
+  process (a world of one, each slice sent to itself: NCCL's copy kernels on the card),
+  and runs the library's send and receive code over a loopback group in one process
   (the transfer a device-to-device copy), which measures everything of the path but
   NCCL's wire: slicing, staging, the copies.
 
@@ -54,7 +56,7 @@ from single_controller.weights.collective import (  # noqa: E402
     recv_slices,
     send_slices,
 )
-from single_controller.weights.layout import ParamSpec, RankWeights, WeightLayout  # noqa: E402
+from single_controller.weights.layout import ParamSpec, RankWeights, WeightLayout, box_slices  # noqa: E402
 from single_controller.weights.plan import ReshardPlan, plan_resharding  # noqa: E402
 from single_controller.weights.transport import choose_transport  # noqa: E402
 
@@ -209,6 +211,74 @@ def loopback(
     return {"round_seconds": times, "seconds_p50": statistics.median(times)}
 
 
+def nccl_self_loop(
+    plan: ReshardPlan, src_layout: WeightLayout, dst_layout: WeightLayout, rounds: int
+) -> dict[str, Any]:
+    """The plan's slices through NCCL's own send and receive on one GPU: one process, a
+    world of one, each slice sent to itself (NCCL pairs a rank's send and receive to
+    itself inside one group call). NCCL's copy kernels, without a second process."""
+    import torch.distributed as dist
+
+    from single_controller.rendezvous import free_port
+
+    device = torch.device("cuda", 0)
+    try:
+        if not dist.is_initialized():
+            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+        held = {r: shards(src_layout, r, device) for r in plan.src_ranks}
+        times = []
+        for round_ in range(rounds + 1):
+            torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            staged = [shards(dst_layout, d, device, empty=True) for d in range(plan.dst_world)]
+            ops, copies = [], []
+            for t in plan.transfers():
+                piece = held[t.src_rank][t.param][box_slices(t.src_slice)].contiguous()
+                buffer = torch.empty_like(piece)
+                ops += [dist.P2POp(dist.isend, piece, 0), dist.P2POp(dist.irecv, buffer, 0)]
+                copies.append((staged[t.dst_rank][t.param][box_slices(t.dst_slice)], buffer))
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+            for target, buffer in copies:
+                target.copy_(buffer)
+            torch.cuda.synchronize(device)
+            if round_:
+                times.append(time.perf_counter() - started)
+        for d in range(plan.dst_world):
+            want = shards(dst_layout, d, device)
+            if not all(torch.equal(staged[d][k], want[k]) for k in want):
+                raise AssertionError(f"NCCL self-loop: destination rank {d} received wrong values")
+        return {"round_seconds": times, "seconds_p50": statistics.median(times)}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"}
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _self_loop_main(plan: ReshardPlan, src_layout: WeightLayout, dst_layout: WeightLayout, rounds: int, out: Any) -> None:
+    out.put(nccl_self_loop(plan, src_layout, dst_layout, rounds))
+
+
+def nccl_self_loop_bounded(
+    plan: ReshardPlan, src_layout: WeightLayout, dst_layout: WeightLayout, rounds: int, timeout_s: float
+) -> dict[str, Any]:
+    """:func:`nccl_self_loop` in a process of its own, killed past ``timeout_s`` (a
+    communicator that waits for a peer that never comes would otherwise hang here)."""
+    context = mp.get_context("spawn")
+    out = context.Queue()
+    process = context.Process(target=_self_loop_main, args=(plan, src_layout, dst_layout, rounds, out))
+    process.start()
+    try:
+        return out.get(timeout=timeout_s)
+    except Exception:
+        return {"error": f"no answer in {timeout_s:.0f} s (killed)"}
+    finally:
+        process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+
+
 def copy_gbps(nbytes: int, src: torch.device, dst: torch.device, rounds: int = 10) -> float:
     """Bytes per second of ``dst_buffer.copy_(src_buffer)`` (each byte read once, written once)."""
     a = torch.empty(nbytes // 4, dtype=torch.float32, device=src).fill_(1.0)
@@ -291,6 +361,12 @@ def main(argv: list[str] | None = None) -> int:
         tiny = plan_resharding(one_src, one_dst)
         attempt = {"plan": tiny, "layouts": (one_src, one_dst), "rounds": 1, "devices": ["cuda:0", "cuda:0"]}
         report["nccl_two_processes_one_gpu"] = run_processes({**attempt, "backend": "nccl"}, 2, min(args.timeout, 60.0))
+        self_loop = nccl_self_loop_bounded(plan, src_layout, dst_layout, args.rounds, args.timeout)
+        self_loop["what"] = "the plan's slices through NCCL send/recv to itself, one process on the one GPU"
+        if "seconds_p50" in self_loop:
+            self_loop["gbps"] = moved / self_loop["seconds_p50"] / GB
+            self_loop["fraction_of_d2d_copy"] = self_loop["gbps"] / report["d2d_copy_gbps"]
+        report["nccl_self_loop_one_gpu"] = self_loop
         path = loopback(plan, src_layout, dst_layout, args.rounds, torch.device("cuda", 0))
         path["what"] = "send_slices/recv_slices in one process over a loopback group: the NCCL path without NCCL's wire"
         report["loopback_one_gpu"] = path
