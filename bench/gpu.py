@@ -199,6 +199,15 @@ def bench_infer(quick: bool) -> dict[str, Any]:
             return max(float(np.linalg.norm(b - a) / np.linalg.norm(a)) for b, a in zip(batched, alone, strict=True))
 
         out["batched_vs_unbatched_max_rel_err"] = asyncio.run(compare())
+        # Where a lone request's milliseconds go: the ingress replica's own time (its access
+        # log) and the ranks' forward (Ray's timeline), beside what the client saw.
+        from bench.hops import breakdown
+
+        body, headers = oip_body("x", torch.rand(*BATCH_SHAPE), binary_output=True)
+        with httpx.Client(base_url=proc.url, timeout=300) as http:
+            out["lone_request_hops"] = breakdown(proc, http, "/v2/models/mlp_unbatched/infer", body,
+                                                 {"ingress": "hybridflow_ingress"}, "run_layer", 50, headers=headers,
+                                                 ranks=1)
     finally:
         proc.stop()
     return out

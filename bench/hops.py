@@ -86,16 +86,19 @@ def worker_spans(gcs_address: str, method: str, since_us: float, ranks: int = 4)
     return spans
 
 
-def breakdown(proc: ServeProcess, http: httpx.Client, path: str, body: dict, deployments: dict[str, str],
-              worker_method: str | None, n: int) -> dict[str, Any]:
+def breakdown(proc: ServeProcess, http: httpx.Client, path: str, body: dict | bytes, deployments: dict[str, str],
+              worker_method: str | None, n: int, headers: dict[str, str] | None = None,
+              ranks: int = 4) -> dict[str, Any]:
     """Send ``n`` calls of ``path`` with request ids, then split their p50 by hop.
-    ``deployments`` names the ingress and controller deployments' log names."""
+    ``deployments`` names the ingress and controller deployments' log names; ``body`` is
+    sent as JSON, or as it is when bytes (with ``headers``)."""
     ids, client_ms = [], []
     since_us = time.time() * 1e6
     for _ in range(n):
         rid = str(uuid.uuid4())
         start = time.perf_counter()
-        response = http.post(path, json=body, headers={"X-Request-Id": rid})
+        sent = {"content": body} if isinstance(body, bytes) else {"json": body}
+        response = http.post(path, **sent, headers={**(headers or {}), "X-Request-Id": rid})
         client_ms.append((time.perf_counter() - start) * 1e3)
         response.raise_for_status()
         ids.append(rid)
@@ -108,7 +111,7 @@ def breakdown(proc: ServeProcess, http: httpx.Client, path: str, body: dict, dep
         out[f"{label}_logged"] = len(seen)
     if worker_method is not None:
         try:
-            spans = worker_spans(proc.gcs_address(), worker_method, since_us)
+            spans = worker_spans(proc.gcs_address(), worker_method, since_us, ranks)
             out["workers_ms"] = statistics.median(spans) if spans else None
             out["workers_logged"] = len(spans)
         except Exception as exc:  # the timeline is a diagnosis: report, do not fail
