@@ -185,7 +185,7 @@ def test_catalogue_lists_the_workers_own_methods_with_their_modes():
     assert methods["foo_custom"].dispatch_mode == "custom:two_to_all_dispatch_fn"
     assert sorted(catalogue(GPUAccumulatorDecorator)) == ["add", "get_value"]
     # the library's plumbing (Worker, MegatronWorker) is not a worker's API
-    assert sorted(catalogue(MLPLayerWorker)) == ["get_weights", "init_model", "run_layer"]
+    assert sorted(catalogue(MLPLayerWorker)) == ["get_weights", "init_model", "run_layer", "train_step"]
     assert sorted(catalogue(Accumulator)) == ["add", "get_value"]
 
 
