@@ -83,9 +83,10 @@ COPY --chown=hybridflow:hybridflow serve_config.yaml ./
 # By number: Kubernetes' runAsNonRoot can only verify a numeric user.
 USER 1000:1000
 
-# 8000: HTTP. A cluster from this image (deploy/cluster.sh) also uses 6379 (GCS) and 8265
-# (dashboard, where `serve deploy` sends the config).
-EXPOSE 8000 6379 8265
+# 8000: HTTP; 9000: the Open Inference Protocol over gRPC. A cluster from this image
+# (deploy/cluster.sh) also uses 6379 (GCS) and 8265 (dashboard, where `serve deploy` sends
+# the config).
+EXPOSE 8000 9000 6379 8265
 
 # Liveness of the HTTP ingress; the groups take a while to start (readiness is /readyz).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=300s --retries=3 \

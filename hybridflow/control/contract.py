@@ -90,6 +90,11 @@ class InferResult:
     def ok(self) -> bool:
         return self.error is None
 
+    def answer_parameters(self) -> dict[str, Any]:
+        """The ``parameters`` of the answer, the same over HTTP and gRPC: how many requests
+        shared the group call, when more than one did."""
+        return {"batch_size": self.batch_size} if self.batch_size > 1 else {}
+
 
 @dataclass
 class MethodSummary:

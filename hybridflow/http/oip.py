@@ -4,7 +4,7 @@ binary tensor data extension."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -41,11 +41,10 @@ def chosen_outputs(model: str, request: dict[str, Any], names: Sequence[str]) ->
 
 def response(
     model: str, request: dict[str, Any], chosen: list[str], binary: set[str], outputs: dict[str, Any],
-    batch_size: int = 1,
+    parameters: Mapping[str, Any] | None = None,
 ) -> tuple[bytes, int | None]:
-    """The answer's body; one that shared its group call with other requests says with how
-    many in ``parameters.batch_size``."""
-    parameters = {"batch_size": batch_size} if batch_size > 1 else None
+    """The answer's body, with the answer's ``parameters`` (``InferResult.answer_parameters``:
+    one that shared its group call with other requests says with how many in ``batch_size``)."""
     try:
         return build_infer_response(
             model, "1", {n: outputs[n] for n in chosen}, binary, id=request.get("id"), parameters=parameters

@@ -26,6 +26,7 @@ from hybridflow.http.errors import ApiError
 from hybridflow.http.settings import IngressSettings
 from hybridflow.serve.backend import ServeBackend
 from hybridflow.serve.controller import HostedController
+from hybridflow.serve.grpc_ingress import GrpcIngress
 
 
 class InProcessHandle:
@@ -42,9 +43,9 @@ class InProcessHandle:
 
 @serve.deployment(name="ingress", max_ongoing_requests=256)
 @serve.ingress()
-class ControllingIngress:
-    """The HTTP ingress with every declared deployment's controller inside it. ``call``
-    serves the jobs deployment, whose pieces run here."""
+class ControllingIngress(GrpcIngress):
+    """The ingress (HTTP, and OIP over gRPC) with every declared deployment's controller
+    inside it. ``call`` serves the jobs deployment, whose pieces run here."""
 
     async def __init__(
         self,
@@ -63,6 +64,7 @@ class ControllingIngress:
         self.settings = IngressSettings.model_validate(settings)
         handles = {name: InProcessHandle(hosted) for name, hosted in self.hosted.items()}
         self.backend = ServeBackend(handles, self.settings, jobs)
+        self.serve_grpc(self.backend, self.settings)
         warnings.filterwarnings("ignore", message="Zero-copy tensor serialization is enabled")
         await asyncio.gather(*(hosted.begin() for hosted in self.hosted.values()))
 

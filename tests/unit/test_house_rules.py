@@ -13,14 +13,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: Lowest first: a module may import its own layer or a lower one, never a higher one.
-LAYERS = (
+#: Lowest first: a module may import its own layer or a lower one, never a higher one. A
+#: tuple is one layer of sibling packages, which may not import each other.
+LAYERS: tuple[str | tuple[str, ...], ...] = (
     "single_controller",
     "hybridflow.wire",
     "hybridflow.state",
     "hybridflow.config",
     "hybridflow.control",
-    "hybridflow.http",
+    ("hybridflow.http", "hybridflow.oip_grpc"),
     "hybridflow.serve",
 )
 #: Packages whose files the import rules cover (the client distribution's too).
@@ -71,9 +72,19 @@ def import_graph() -> dict[str, set[str]]:
     return {name: imported_modules(name, path, known) for name, path in files.items()}
 
 
+def package_of(module: str) -> str | None:
+    """The LAYERS package a module belongs to."""
+    for entry in LAYERS:
+        for prefix in (entry,) if isinstance(entry, str) else entry:
+            if module == prefix or module.startswith(prefix + "."):
+                return prefix
+    return None
+
+
 def layer_of(module: str) -> int | None:
-    for rank, prefix in enumerate(LAYERS):
-        if module == prefix or module.startswith(prefix + "."):
+    package = package_of(module)
+    for rank, entry in enumerate(LAYERS):
+        if package is not None and package in ((entry,) if isinstance(entry, str) else entry):
             return rank
     return None
 
@@ -117,6 +128,8 @@ def test_the_checker_finds_a_circle_and_an_upward_import():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert layer_of("hybridflow.serve.ingress") > layer_of("hybridflow.http.app") > layer_of("hybridflow.wire.dtypes")
     assert layer_of("single_controller.ray") == 0 and layer_of("hybridflow_client.core") is None
+    assert layer_of("hybridflow.oip_grpc.service") == layer_of("hybridflow.http.app")
+    assert package_of("hybridflow.oip_grpc.service") != package_of("hybridflow.http.app")
 
 
 def test_no_import_circle_between_files():
@@ -131,6 +144,17 @@ def test_no_module_imports_from_a_higher_layer():
         if layer_of(module) is not None and layer_of(target) is not None and layer_of(target) > layer_of(module)
     ]
     assert upward == []
+
+
+def test_no_module_imports_a_sibling_package_of_its_layer():
+    sideways = [
+        f"{module} -> {target}"
+        for module, targets in import_graph().items()
+        for target in sorted(targets)
+        if layer_of(module) is not None and layer_of(target) == layer_of(module)
+        and package_of(target) != package_of(module)
+    ]
+    assert sideways == []
 
 
 def test_the_client_imports_nothing_of_the_server():

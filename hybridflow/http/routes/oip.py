@@ -84,7 +84,7 @@ async def infer(model: str, request: Request) -> Response:
     if result.error is not None:
         raise ApiError.of(result.error)
     answer, header_length = await off_loop(
-        len(body), oip.response, model, inference, chosen, binary, result.outputs, result.batch_size
+        len(body), oip.response, model, inference, chosen, binary, result.outputs, result.answer_parameters()
     )
     if header_length is None:
         return Response(answer, media_type=JSON)
