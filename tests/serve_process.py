@@ -8,6 +8,7 @@ tutorial's numbers whatever an earlier run left in the state store."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -37,9 +38,18 @@ HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 
 def haproxy_files() -> dict[str, str]:
     """HAProxy's files and side ports of one run's own, so that several ``serve run``s
-    share a machine; a short directory, as HAProxy's socket paths are at most 97 bytes."""
+    share a machine; a short directory, as HAProxy's socket paths are at most 97 bytes.
+    The replicas' direct-ingress ports come from a block of this run's own (between Ray's
+    worker ports and the kernel's ephemeral range), as do the fallback proxy's."""
     base = Path(tempfile.mkdtemp(prefix="hfhap", dir="/tmp"))
+    block = random.randrange(20000, 32000, 100)
     return {
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(block),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(block + 49),
+        "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(block + 50),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(block + 99),
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(free_port()),
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(free_port()),
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(base / "haproxy.cfg"),
         "RAY_SERVE_HAPROXY_SOCKET_PATH": str(base / "admin.sock"),
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(base),
