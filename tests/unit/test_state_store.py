@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.state_store import bench_record_call
 from hybridflow.config import StateConfig
 from hybridflow.state import store as state_store
+from hybridflow.state.backends import open_store
 from hybridflow.state.codec import (
     decode_answer,
     decode_call,
@@ -29,8 +31,6 @@ from hybridflow.state.codec import (
     encode_snapshot,
     fingerprint,
 )
-from bench.state_store import bench_record_call
-from hybridflow.state.backends import open_store
 from hybridflow.state.redis_store import RedisStateStore
 from hybridflow.state.sqlite_store import MemoryStateStore, SQLiteStateStore
 from hybridflow.state.store import (
