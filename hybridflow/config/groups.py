@@ -102,6 +102,11 @@ class GroupConfig(_Strict):
     actor_options: dict[str, Any] = Field(
         default_factory=dict, description="extra Ray actor options for every worker (runtime_env, ...)"
     )
+    weights_from: str | None = Field(
+        None,
+        description="a group of this deployment whose weights this group takes once both are ready at start "
+        "(a weight sync: docs/weight-sync.md); both groups' workers declare weights",
+    )
 
     @field_validator("worker")
     @classmethod
@@ -122,6 +127,8 @@ class GroupConfig(_Strict):
             raise ValueError("needs a pool (or plain_actor: true for a plain Ray actor)")
         if self.megatron is not None and self.colocate_with:
             raise ValueError("megatron groups cannot be colocated (colocate_with)")
+        if self.weights_from is not None and (self.plain_actor or self.colocate_with):
+            raise ValueError("weights_from needs a group of its own processes (not a plain actor, not colocated)")
         return self
 
 

@@ -96,6 +96,7 @@ def _references(config: ServiceConfig) -> list[str]:
                     problems.append(f"{path}.colocate_with: unknown group {other!r} in deployment {deployment.name!r}")
         if not problems:
             problems += _colocation_pools(deployment)
+            problems += _weights_sources(deployment)
         for model in deployment.models:
             if model.group not in groups:
                 problems.append(
@@ -188,10 +189,35 @@ def _colocation_pools(deployment: DeploymentConfig) -> list[str]:
     return problems
 
 
+def _weights_sources(deployment: DeploymentConfig) -> list[str]:
+    """``weights_from`` names another group of the same deployment, on processes of its own
+    (a weight sync runs between two groups of one controller)."""
+    groups = {g.name: g for g in deployment.groups}
+    colocated = {name for members in colocations(deployment) for name in members}
+    problems = []
+    for group in deployment.groups:
+        source = group.weights_from
+        if source is None:
+            continue
+        where = f"{_group_path(deployment, group)}.weights_from"
+        if source == group.name:
+            problems.append(f"{where}: a group cannot take its weights from itself")
+        elif source not in groups:
+            problems.append(
+                f"{where}: unknown group {source!r} in deployment {deployment.name!r} (a weight sync runs between "
+                f"groups of one deployment); groups of this deployment: {', '.join(groups)}"
+            )
+        elif groups[source].plain_actor or source in colocated or group.name in colocated:
+            problems.append(f"{where}: weight syncs need groups on processes of their own (no plain actor, "
+                            f"no colocation); {source!r} or {group.name!r} is not")
+    return problems
+
+
 def _workers(config: ServiceConfig) -> list[str]:
     from single_controller.base.worker import Worker
     from single_controller.base.worker_methods import user_class
     from single_controller.megatron.worker import MegatronWorker
+    from single_controller.weights.worker import WeightSyncWorker
 
     problems = []
     for deployment in config.deployments:
@@ -223,6 +249,14 @@ def _workers(config: ServiceConfig) -> list[str]:
             for call in group.init_calls:
                 if not callable(getattr(plain, call.method, None)):
                     problems.append(f"{path}.init_calls: {plain.__name__} has no method {call.method!r}")
+        for group in deployment.groups:
+            for name in (group.name, group.weights_from) if group.weights_from else ():
+                plain = classes.get(name)
+                if plain is not None and not issubclass(plain, WeightSyncWorker):
+                    problems.append(
+                        f"{_group_path(deployment, group)}.weights_from: group {name!r}'s worker {plain.__name__} "
+                        "declares no weights (it does not mix in single_controller.weights.WeightSyncWorker)"
+                    )
         for model in deployment.models:
             plain = classes.get(model.group)
             where = f"deployments[{deployment.name}].models[{model.name}]"

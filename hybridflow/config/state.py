@@ -23,6 +23,8 @@ from hybridflow.state.store import (
 #: fresh start (``1``) as ``state.fresh: true`` would (``make serve-fresh`` sets it).
 STATE_PATH_ENV = "SC_STATE_PATH"
 STATE_FRESH_ENV = "SC_STATE_FRESH"
+#: Where weight syncs keep their shards with a Redis store, relative to where ``serve run`` starts.
+DEFAULT_WEIGHTS_DIR = ".hybridflow/weights"
 
 
 class StateConfig(_Strict):
@@ -59,8 +61,13 @@ class StateConfig(_Strict):
     max_answers: int = Field(DEFAULT_MAX_ANSWERS, ge=1, description="idempotency answers kept in the store per group")
     max_answer_bytes: int = Field(DEFAULT_MAX_ANSWER_BYTES, ge=1, description="their bytes per group")
     namespace: str = Field("hybridflow", min_length=1, description="Redis key prefix (one per application)")
+    weights_dir: str | None = Field(
+        None, description="where the shards of weight syncs are kept (docs/weight-sync.md); default: 'weights' "
+        "beside the SQLite file, .hybridflow/weights with redis_url, a temporary directory with state in memory. "
+        "On a cluster, a shared directory every node mounts at this path"
+    )
 
-    @field_validator("path", "redis_url")
+    @field_validator("path", "redis_url", "weights_dir")
     @classmethod
     def _not_empty(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
@@ -74,6 +81,18 @@ class StateConfig(_Strict):
             raise ValueError(f"must start with one of {', '.join(REDIS_SCHEMES)}, got {value!r}")
         return value
 
+    def weights_directory(self) -> str | None:
+        """Where weight syncs keep their shards (None: state in memory, so a temporary
+        directory of the controller's)."""
+        if self.weights_dir is not None:
+            return self.weights_dir
+        location = self.location
+        if location is None:
+            return None
+        if location.startswith(REDIS_SCHEMES):
+            return os.path.abspath(DEFAULT_WEIGHTS_DIR)
+        return os.path.join(os.path.dirname(location), "weights")
+
     @property
     def location(self) -> str | None:
         """What the store opens: the Redis URL when set, else the path (None: in memory)."""
@@ -81,8 +100,8 @@ class StateConfig(_Strict):
 
     def resolved(self, env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None) -> StateConfig:
         """This config as a replica must get it: ``SC_STATE_PATH`` and ``SC_STATE_FRESH``
-        applied, and a file path made absolute against ``cwd`` (default: this process's
-        working directory). Called where ``serve run`` starts (``build(args)``), never in a
+        applied, and a file path (and ``weights_dir``) made absolute against ``cwd``
+        (default: this process's working directory). Called where ``serve run`` starts (``build(args)``), never in a
         replica, whose working directory may be another."""
         env = os.environ if env is None else env
         update: dict[str, Any] = {}
@@ -92,9 +111,13 @@ class StateConfig(_Strict):
             update = {"path": path, "redis_url": None}
         else:
             path = self.location
+        base = os.fspath(cwd) if cwd is not None else os.getcwd()
         if path is not None and not path.startswith(REDIS_SCHEMES):
-            base = os.fspath(cwd) if cwd is not None else os.getcwd()
             update.update(path=os.path.abspath(os.path.join(base, os.path.expanduser(path))), redis_url=None)
+        if self.weights_dir is not None:
+            update["weights_dir"] = os.path.abspath(os.path.join(base, os.path.expanduser(self.weights_dir)))
+        elif path is not None and path.startswith(REDIS_SCHEMES):
+            update["weights_dir"] = os.path.abspath(os.path.join(base, DEFAULT_WEIGHTS_DIR))
         if env.get(STATE_FRESH_ENV, "").strip().lower() in ("1", "true", "yes"):
             update["fresh"] = True
         return self.model_copy(update=update)

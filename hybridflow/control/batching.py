@@ -35,9 +35,19 @@ import torch
 #: sets is the most a request waits, not that plus the rounding.
 TIMER_SLACK_S = 1e-3
 
-#: Runs one batch on the group: the concatenated input in, the concatenated output out.
-#: An exception it raises reaches every request of the batch.
-RunBatch = Callable[[torch.Tensor], Awaitable[torch.Tensor]]
+
+@dataclass(frozen=True)
+class Ran:
+    """A group call's output with the version of the weights it ran on (a group whose
+    worker declares weights: ``hybridflow.control.weights``)."""
+
+    output: torch.Tensor
+    weights_version: int | None = None
+
+
+#: Runs one batch on the group: the concatenated input in, the concatenated output out
+#: (or a :class:`Ran`). An exception it raises reaches every request of the batch.
+RunBatch = Callable[[torch.Tensor], Awaitable[torch.Tensor | Ran]]
 
 
 @dataclass
@@ -49,6 +59,12 @@ class Batched:
     queue_s: float
     compute_s: float
     batch_size: int
+    #: The weights version the batch ran on (None: a group without weights).
+    weights_version: int | None = None
+
+
+def _ran(answer: torch.Tensor | Ran) -> Ran:
+    return answer if isinstance(answer, Ran) else Ran(answer)
 
 
 @dataclass(eq=False)  # identity: a request is itself, whatever its tensor
@@ -164,11 +180,13 @@ class Batcher:
     async def _run(self, batch: list[_Waiting]) -> None:
         started = time.perf_counter()
         outputs: list[torch.Tensor] | BaseException
+        version = None
         try:
             inputs = [w.x for w in batch]
             x = inputs[0] if len(inputs) == 1 else torch.cat(inputs, dim=self.batch_dim)
-            y = await self.run(x)
-            outputs = self._split(y, [w.x.shape[self.batch_dim] for w in batch])
+            ran = _ran(await self.run(x))
+            version = ran.weights_version
+            outputs = self._split(ran.output, [w.x.shape[self.batch_dim] for w in batch])
         except BaseException as exc:  # every request of the batch gets it
             outputs = exc
         finally:
@@ -185,7 +203,9 @@ class Batcher:
             elif isinstance(outputs, BaseException):
                 waiting.future.set_exception(outputs)
             else:
-                waiting.future.set_result(Batched(outputs[index], started - waiting.arrived, compute_s, len(batch)))
+                waiting.future.set_result(
+                    Batched(outputs[index], started - waiting.arrived, compute_s, len(batch), version)
+                )
         if isinstance(outputs, asyncio.CancelledError):
             raise outputs
 
@@ -205,5 +225,5 @@ class Batcher:
 async def run_alone(run: RunBatch, x: torch.Tensor) -> Batched:
     """A request of a model that does not batch: its own group call, timed alike."""
     started = time.perf_counter()
-    y = await run(x)
-    return Batched(y, 0.0, time.perf_counter() - started, 1)
+    ran = _ran(await run(x))
+    return Batched(ran.output, 0.0, time.perf_counter() - started, 1, ran.weights_version)

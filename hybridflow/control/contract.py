@@ -47,10 +47,19 @@ class ControllerError:
     retry_after_s: float | None = None
 
 
+#: The service's own operations on a group (``CallRequest.operation``): a weight sync into
+#: it (``kwargs``: ``{"from": <source group>}``; journaled) and its weights' layout.
+#: Never a Python method's name, so never a worker method's.
+WEIGHTS_SYNC, WEIGHTS_LAYOUT = "weights.sync", "weights.layout"
+
+
 @dataclass
 class CallRequest:
     """One call of ``method`` on ``group``. ``fingerprint`` identifies the body for
-    Idempotency-Key repeats (the same key with another fingerprint is refused)."""
+    Idempotency-Key repeats (the same key with another fingerprint is refused).
+    ``operation``: ``method`` names one of the service's own operations on the group
+    (``WEIGHTS_SYNC``, ``WEIGHTS_LAYOUT``), not a worker method; only the routes of those
+    operations set it."""
 
     group: str
     method: str
@@ -58,6 +67,7 @@ class CallRequest:
     kwargs: dict[str, Any] = field(default_factory=dict)
     idempotency_key: str | None = None
     fingerprint: str | None = None
+    operation: bool = False
 
 
 @dataclass
@@ -69,6 +79,9 @@ class CallResult:
     dispatch_mode: str = ""
     execute_mode: str = ""
     world_size: int = 0
+    #: The version of the weights the call ran on, for a group whose worker declares
+    #: weights (``hybridflow.control.weights``); None otherwise.
+    weights_version: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -85,6 +98,8 @@ class InferResult:
     queue_s: float = 0.0
     compute_s: float = 0.0
     batch_size: int = 1
+    #: The version of the weights that computed the outputs (a group declaring weights).
+    weights_version: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -92,8 +107,12 @@ class InferResult:
 
     def answer_parameters(self) -> dict[str, Any]:
         """The ``parameters`` of the answer, the same over HTTP and gRPC: how many requests
-        shared the group call, when more than one did."""
-        return {"batch_size": self.batch_size} if self.batch_size > 1 else {}
+        shared the group call, when more than one did, and the weights version of a group
+        whose worker declares weights."""
+        parameters: dict[str, Any] = {"batch_size": self.batch_size} if self.batch_size > 1 else {}
+        if self.weights_version is not None:
+            parameters["weights_version"] = self.weights_version
+        return parameters
 
 
 @dataclass
@@ -126,5 +145,9 @@ class GroupSummary:
     snapshot_error: str | None = None
     #: tp/dp/pp sizes of a Megatron group.
     layout: dict[str, int] | None = None
+    #: A group whose worker declares weights: their version (0 until a sync), and why
+    #: its latest weight sync failed (None once one succeeds).
+    weights_version: int | None = None
+    weights_error: str | None = None
     ranks: list[dict[str, Any]] | None = None
     namespace: str | None = None

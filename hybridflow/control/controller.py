@@ -46,6 +46,7 @@ from hybridflow.control.supervisor import (
     failure_of,
     first_line,
 )
+from hybridflow.control.weights import WeightSyncs
 from hybridflow.state.async_store import AsyncStore
 from hybridflow.state.codec import StateCodecError
 from hybridflow.state.idempotency import IdempotencyCache, IdempotencyConflict
@@ -107,6 +108,8 @@ class GroupController:
         self.supervisor = Supervisor(self.units, request_timeout_s, health_timeout_s, on_rebuilt=metrics.unit_rebuilt,
                                      replay_timeout_s=self.state.replay_timeout_s)
         self.answers: IdempotencyCache[CallResult] = IdempotencyCache(limits.idempotency_keys, limits.idempotency_bytes)
+        #: Weight syncs into the groups whose worker declares weights (hybridflow.control.weights).
+        self.weights = WeightSyncs(self, self._unavailable, self.state.weights_directory(), request_timeout_s)
 
     async def open(self) -> None:
         """Claim every group's scope in the store (a fresh start discards it first);
@@ -125,6 +128,7 @@ class GroupController:
         :meth:`open` was not called)."""
         if not self._opened:
             await self.open()
+        self.weights.start()  # each weights_from group synced once, when both groups are ready
         await self.supervisor.start_all()
 
     # -- calls -------------------------------------------------------------------------
@@ -162,6 +166,8 @@ class GroupController:
             return CallResult(error=_error(
                 ErrorKind.UNKNOWN_GROUP, f"unknown group {request.group!r}; groups: {', '.join(self.groups)}"
             ))
+        if request.operation:  # the service's own operation on the group, not a worker method
+            return await self.weights.run(state, request)
         info = state.methods.get(request.method)
         if info is None:
             return CallResult(error=_error(
@@ -188,13 +194,16 @@ class GroupController:
             except StateCodecError as exc:
                 result.error = _error(ErrorKind.BAD_ARGUMENTS, f"{request.method}: the state store cannot keep {exc}")
                 return result
-            group = state.group
-            if state.status != READY or group is None:  # it may have changed while encoding
-                result.error = self._unavailable(state)
-                return result
+        await state.fence.passed()  # calls wait while a weight sync commits (hybridflow.control.fence)
+        group = state.group
+        if state.status != READY or group is None:  # it may have changed while encoding or waiting
+            result.error = self._unavailable(state)
+            return result
+        if info.mutating:
             # No await from here to the submission: the journal's order is the ranks' order.
             entry = state.journal.begin(request.method)
             record = state.durability.pending(entry, call, request)
+        version = self.weights.before_submission(state, group)
         try:
             pending = group.submit(request.method, args, kwargs)
         except Exception as exc:
@@ -202,12 +211,15 @@ class GroupController:
                 state.journal.abort(entry)
             result.error = self._submit_failed(state, request.method, exc)
             return result
-        settle = asyncio.ensure_future(self._settle(state, entry, record, pending, result))
+        if info.mutating:  # it may change the weights version of the calls after it
+            self.weights.after_mutating(state, group)
+        settle = asyncio.ensure_future(self._settle(state, entry, record, pending, result, version))
         # A client that goes away cancels this await, never the settling of the call.
         return await asyncio.shield(settle)
 
     async def _settle(
-        self, state: GroupState, entry: Any, record: PendingRecord | None, pending: Any, result: CallResult
+        self, state: GroupState, entry: Any, record: PendingRecord | None, pending: Any, result: CallResult,
+        version: Any = None,
     ) -> CallResult:
         unit = state.unit
         generation = unit.generation
@@ -238,6 +250,7 @@ class GroupController:
                     undone = "; the group is restored to its acknowledged state" if entry is not None else ""
                     result.error = _error(ErrorKind.METHOD_RAISED, f"{state.name} raised {failures[0][1]}{undone}")
                 return result
+            result.weights_version = await self.weights.resolve(version)
             try:
                 result.output = pending.collect([f.result() for f in futures])
             except Exception as exc:  # a collect function's own error: the call itself ran
@@ -323,6 +336,7 @@ class GroupController:
         layout = None
         if group is not None and hasattr(group, "get_megatron_rank_info"):
             layout = {"tp_size": group.tp_size, "dp_size": group.dp_size, "pp_size": group.pp_size}
+        weights_version, weights_error = self.weights.status(state)
         return GroupSummary(
             name=state.name,
             deployment=self.deployment.name,
@@ -338,6 +352,8 @@ class GroupController:
             methods=[MethodSummary(**info.describe()) for info in state.methods.values()],
             colocated_with=[m.name for m in state.unit.members if m is not state] if state.unit else [],
             layout=layout,
+            weights_version=weights_version,
+            weights_error=weights_error,
         )
 
     async def describe_group(self, name: str) -> GroupSummary | None:
@@ -357,11 +373,14 @@ class GroupController:
                     entry.update(tp_rank=coords.tp_rank, dp_rank=coords.dp_rank, pp_rank=coords.pp_rank,
                                  cp_rank=getattr(coords, "cp_rank", 0))
             summary.ranks = [dict(r) for r in ranks]
+            if summary.weights_version is not None:
+                summary.weights_version = await self.weights.current(state)
         # Where the workers' actors are named, for operators (e.g. to inspect one with Ray's API).
         summary.namespace = ray.get_runtime_context().namespace
         return summary
 
     def shutdown(self) -> None:
+        self.weights.shutdown()
         for unit in self.units:
             group = unit.members[0].group
             if group is not None:

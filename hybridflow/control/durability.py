@@ -24,7 +24,10 @@ Restore (at start, after a replica restart or a new ``serve run``, and on every 
     method of the group's catalogue (anything else is refused, never run). Then the
     group's fresh workers get ``load_state_dict`` with their rank's part of the snapshot,
     and the journal after it is replayed in sequence order; the group is ready when every
-    rank ran all of it. Later calls are numbered after the stored ones. The supervisor
+    rank ran all of it. An entry of one of the service's own operations (a weight sync:
+    ``hybridflow.control.weights``) is replayed by that operation, in its place; one
+    directly followed by another of the same operation is skipped, since the later one
+    replaces all it did. Later calls are numbered after the stored ones. The supervisor
     bounds a restore by ``state.replay_timeout_s``.
 
 Opening a scope (before any worker starts)
@@ -44,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +86,8 @@ logger = logging.getLogger(__name__)
 FINGERPRINT_FIELDS = ("plain_actor", "init_args", "init_kwargs", "init_calls", "megatron")
 #: Arguments of about this many bytes and more are encoded off the event loop.
 OFF_LOOP_BYTES = 256 * 1024
+#: How a restore replays one of the service's own operations: ``(member, seq, args, kwargs)``.
+Operation = Callable[[Any, int, tuple[Any, ...], dict[str, Any]], Awaitable[None]]
 
 
 def supports_snapshots(worker_cls: Any) -> bool:
@@ -184,6 +189,8 @@ class GroupDurability:
         every = snapshot_every if supports_snapshots(worker_cls) else 0
         self.snapshots = Snapshots(self.io, self.scope, config.name, every, request_timeout_s)
         self._opened: ScopeState | None = None
+        #: The service's own operations the journal may hold, by name (see "Restore").
+        self.operations: dict[str, Operation] = {}
 
     @property
     def store(self) -> StateStore:
@@ -247,7 +254,7 @@ class GroupDurability:
             stored = await self.io.call("load", self.scope)
         # each call decoded into objects of its own: a dispatch function may change them
         calls = await asyncio.to_thread(lambda: [decode_call(data) for _, data in stored.entries])
-        foreign = sorted({method for method, _, _ in calls if method not in member.methods})
+        foreign = sorted({m for m, _, _ in calls if m not in member.methods and m not in self.operations})
         if foreign:
             raise RestoreRefused(
                 f"{self.scope}: the stored journal names {', '.join(map(repr, foreign))}, which the group's worker "
@@ -262,10 +269,19 @@ class GroupDurability:
                 )
             await _run_on_every_rank(group.execute_all_async(LOAD_STATE_DICT, ranks))
             del ranks
-        member.journal.reload([seq for seq, _ in stored.entries], stored.last_seq + 1)
+        seqs = [seq for seq, _ in stored.entries]
+        member.journal.reload(seqs, stored.last_seq + 1)
         self.snapshots.restored(stored.snapshot_seq, len(calls))
-        pending = [group.submit(method, args, kwargs) for method, args, kwargs in calls]
-        await _run_on_every_rank([future for call in pending for future in call.futures])
+        futures: list[Any] = []
+        for index, (method, args, kwargs) in enumerate(calls):
+            operation = self.operations.get(method)
+            if operation is None:
+                futures += group.submit(method, args, kwargs).futures
+            elif index + 1 == len(calls) or calls[index + 1][0] != method:
+                await _run_on_every_rank(futures)  # the calls before it, first
+                futures = []
+                await operation(member, seqs[index], args, kwargs)
+        await _run_on_every_rank(futures)
         return len(calls)
 
     # -- recording -------------------------------------------------------------------

@@ -18,7 +18,7 @@ import torch
 
 from hybridflow.config import ModelConfig
 from hybridflow.control import metrics
-from hybridflow.control.batching import Batcher, run_alone
+from hybridflow.control.batching import Batcher, Ran, run_alone
 from hybridflow.control.contract import CallRequest, ControllerError, ErrorKind, InferResult
 from hybridflow.control.supervisor import READY, as_asyncio
 from hybridflow.wire.dtypes import datatype_of
@@ -105,16 +105,18 @@ class ModelServer:
         return InferResult(
             outputs={spec["outputs"][0]["name"]: done.output},
             queue_s=done.queue_s, compute_s=done.compute_s, batch_size=done.batch_size,
+            weights_version=done.weights_version,
         )
 
-    async def _run(self, model: ModelConfig, x: torch.Tensor) -> torch.Tensor:
-        """One group call of the model's method on ``x`` (one request, or a batch)."""
+    async def _run(self, model: ModelConfig, x: torch.Tensor) -> Ran:
+        """One group call of the model's method on ``x`` (one request, or a batch), with
+        the version of the weights it ran on."""
         call = await self.controller.call(
             CallRequest(model.group, model.method, args=[[x]] if model.dp_list else [x])
         )
         if call.error is not None:
             raise GroupCallFailed(call.error)
-        return call.output[0] if model.dp_list else call.output
+        return Ran(call.output[0] if model.dp_list else call.output, call.weights_version)
 
 
 def _tensor_parallel_size(controller: Any, group: str) -> int:

@@ -33,6 +33,7 @@ from hybridflow.config import GroupConfig, StateConfig
 from hybridflow.control import metrics
 from hybridflow.control.builder import Unit
 from hybridflow.control.catalogue import MethodInfo
+from hybridflow.control.fence import Fence
 from hybridflow.state.codec import StateCodecError
 from hybridflow.state.journal import Journal
 from hybridflow.state.store import StateMismatchError
@@ -96,6 +97,8 @@ class GroupState:
     running: int = 0
     #: Acknowledged mutating calls since start: what an io spec cache is keyed by.
     state_version: int = 0
+    #: Holds new calls back while an operation must see none (a weight sync's commit).
+    fence: Fence = field(default_factory=Fence)
 
     @property
     def name(self) -> str:

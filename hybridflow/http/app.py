@@ -11,14 +11,24 @@ from hybridflow.http import oip
 from hybridflow.http.backend import Backend
 from hybridflow.http.errors import install_error_handlers
 from hybridflow.http.login_limit import LoginLimiter
-from hybridflow.http.routes import admin, docs, groups, health, jobs, login, oip_extensions, status_page
+from hybridflow.http.routes import (
+    admin,
+    docs,
+    groups,
+    health,
+    jobs,
+    login,
+    oip_extensions,
+    status_page,
+    weights,
+)
 from hybridflow.http.routes import oip as oip_routes
 from hybridflow.http.settings import IngressSettings
 
 
 def create_app(backend: Backend, settings: IngressSettings | dict[str, Any]) -> FastAPI:
-    """The HTTP API over ``backend``: health probes, groups and calls, jobs, OIP v2 with
-    its statistics and repository extensions, the status page, login and docs."""
+    """The HTTP API over ``backend``: health probes, groups and calls, jobs, weight syncs,
+    OIP v2 with its statistics and repository extensions, the status page, login and docs."""
     app = FastAPI(
         title="HybridFlow single controller",
         version=oip.SERVER_VERSION,
@@ -32,7 +42,7 @@ def create_app(backend: Backend, settings: IngressSettings | dict[str, Any]) -> 
     app.state.login_limiter = LoginLimiter(app.state.settings.login_failures_per_minute)
     install_error_handlers(app)
     routers = (
-        health.router, oip_routes.probes, groups.router, jobs.router, admin.router,
+        health.router, oip_routes.probes, groups.router, jobs.router, admin.router, weights.router,
         oip_extensions.router,  # before the core OIP routes: /v2/models/stats is not a model
         oip_routes.router, status_page.router, login.router, docs.router,
     )

@@ -63,6 +63,10 @@ class GroupSummary(BaseModel):
     snapshot_error: str | None = Field(
         None, description="why the latest snapshot failed (retried; the journal keeps every call meanwhile)"
     )
+    weights_version: int | None = Field(
+        None, description="a group whose worker declares weights: their version (0 until a weight sync)"
+    )
+    weights_error: str | None = Field(None, description="why the latest weight sync into the group failed")
     methods: list[MethodDescription]
 
 

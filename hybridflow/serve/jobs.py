@@ -162,7 +162,9 @@ class JobsDeployment:
         for index, (args, kwargs) in enumerate(pieces):
             # A whole call keeps the job's key: the controller applies it once, whoever repeats it.
             keyed = (request.idempotency_key, request.fingerprint) if job.split == 1 else (None, None)
-            outcome = await handle.call.remote(CallRequest(request.group, request.method, args, kwargs, *keyed))
+            outcome = await handle.call.remote(
+                CallRequest(request.group, request.method, args, kwargs, *keyed, operation=request.operation)
+            )
             if outcome.error is not None:
                 job.status, job.error = "failed", outcome.error.message
                 job.error_kind = outcome.error.kind.value

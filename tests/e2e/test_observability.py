@@ -95,8 +95,8 @@ def test_tritonclient_reads_statistics_and_the_repository_index(triton):
     assert stats["inference_stats"]["compute_infer"]["ns"] > before["inference_stats"]["compute_infer"]["ns"]
     assert success["ns"] >= stats["inference_stats"]["compute_infer"]["ns"]
     every = {s["name"] for s in triton.get_inference_statistics()["model_stats"]}
-    assert every == {"echo", "checksum", "mlp"}
+    assert every == {"echo", "checksum", "mlp", "mlp_rollout"}
     index = {m["name"]: m for m in triton.get_model_repository_index()}
-    assert set(index) == {"echo", "checksum", "mlp"}
+    assert set(index) == {"echo", "checksum", "mlp", "mlp_rollout"}
     assert all(m["state"] == "READY" and m["version"] == "1" for m in index.values()), index
     assert {"statistics", "model_repository"} <= set(triton.get_server_metadata()["extensions"])

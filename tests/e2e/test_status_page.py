@@ -17,7 +17,7 @@ TUTORIAL = {
     "accumulators": ["accumulator", "gpu_accumulator", "gpu_accumulator_a", "gpu_accumulator_merge",
                      "gpu_accumulator_decorator"],
     "test_actor": ["test_actor"],
-    "mlp": ["mlp"],
+    "mlp": ["mlp", "mlp_rollout"],
 }
 VICTIM = "gpu_accumulator_a"
 

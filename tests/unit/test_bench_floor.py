@@ -18,4 +18,4 @@ def test_the_cold_start_floor_starts_the_shipped_configs_processes():
     assert counts[f"{tutorial}:GPUAccumulator"] == 4 + 4 + 8  # gpu_accumulator, _a, and the merge
     assert f"{tutorial}:GPUAccumulatorDecorator" not in counts  # on the merge's processes
     assert counts["examples.transport_check:TransportCheckActor"] == 4
-    assert counts["single_controller.models.mlp_worker:MLPLayerWorker"] == 4
+    assert counts["single_controller.models.mlp_worker:MLPLayerWorker"] == 4 + 2  # mlp, and mlp_rollout

@@ -38,9 +38,9 @@ def test_the_default_config_declares_the_tutorial():
     assert config.deployment_of_group() == {
         "accumulator": "accumulators", "gpu_accumulator": "accumulators", "gpu_accumulator_a": "accumulators",
         "gpu_accumulator_merge": "accumulators", "gpu_accumulator_decorator": "accumulators",
-        "test_actor": "test_actor", "mlp": "mlp",
+        "test_actor": "test_actor", "mlp": "mlp", "mlp_rollout": "mlp",
     }
-    assert sorted(m.name for _, m in config.models()) == ["checksum", "echo", "mlp"]
+    assert sorted(m.name for _, m in config.models()) == ["checksum", "echo", "mlp", "mlp_rollout"]
 
 
 def test_bundles_and_offsets_are_derived_from_the_declaration():
@@ -67,8 +67,8 @@ def test_use_gpu_auto_takes_gpus_per_deployment_while_they_last():
     plans = [plan_deployment(d, config, budget) for d in config.deployments]
     assert [p.gpus for p in plans] == [8, 0, 0]
     assert plans[0].replica_bundles()[1] == {"CPU": config.worker_cpus, "GPU": 1.0}
-    budget = GpuBudget(16)
-    assert [plan_deployment(d, config, budget).gpus for d in config.deployments] == [8, 4, 4]
+    budget = GpuBudget(18)
+    assert [plan_deployment(d, config, budget).gpus for d in config.deployments] == [8, 4, 6]
 
 
 def test_a_pool_over_several_nodes_gets_placement_groups_of_its_own():
@@ -211,13 +211,13 @@ def test_controllers_in_the_ingress_take_every_pool_bundle_in_one_placement_grou
     budget = GpuBudget(0)
     plans = [plan_deployment(d, config, budget) for d in config.deployments]
     bundles, shifts = hosted_bundles(plans, config.ingress_cpus)
-    # the ingress's own bundle, then accumulators' 8, test_actor's 4, mlp's 4
-    assert len(bundles) == 1 + 8 + 4 + 4 and bundles[0] == {"CPU": config.ingress_cpus}
+    # the ingress's own bundle, then accumulators' 8, test_actor's 4, mlp's 4 and mlp_rollout's 2
+    assert len(bundles) == 1 + 8 + 4 + 6 and bundles[0] == {"CPU": config.ingress_cpus}
     assert shifts == [0, 8, 12]
     # each pool's first bundle, shifted, lands on that deployment's own bundles
     firsts = {name: pool.first_bundle + shift for plan, shift in zip(plans, shifts, strict=True)
               for name, pool in plan.pools.items()}
-    assert firsts == {"gpu_accumulator": 1, "gpu_accumulator_a": 5, "test_actor": 9, "mlp": 13}
+    assert firsts == {"gpu_accumulator": 1, "gpu_accumulator_a": 5, "test_actor": 9, "mlp": 13, "mlp_rollout": 17}
     assert "ingress_replicas 1" in problems({**DEFAULT_ARGS, "controllers_in_ingress": True, "ingress_replicas": 2})
 
 

@@ -81,7 +81,7 @@ def test_the_serve_config_declares_a_durable_state():
         plan = plan_deployment(deployment, config, GpuBudget(8))
         sizes |= {group.name: plan.world_size(group.name) for group in deployment.groups}
     assert sizes == {"accumulator": 1, "gpu_accumulator": 4, "gpu_accumulator_a": 4, "gpu_accumulator_merge": 8,
-                     "gpu_accumulator_decorator": 8, "test_actor": 4, "mlp": 4}
+                     "gpu_accumulator_decorator": 8, "test_actor": 4, "mlp": 4, "mlp_rollout": 2}
 
 
 def test_only_workers_with_both_methods_are_snapshotted():
