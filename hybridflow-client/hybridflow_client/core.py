@@ -34,6 +34,7 @@ from hybridflow_client.messages import (
     ready_answer,
     segment,
 )
+from hybridflow_client.tensordicts import is_tensordict
 from hybridflow_client.version import __version__
 
 if TYPE_CHECKING:
@@ -255,11 +256,12 @@ class ClientAPI:
         timeout: float | None = None,
     ) -> Any:
         """:meth:`call` with the method's arguments given as a sequence and a mapping. A
-        DataProto argument (verl's batch type; by keyword) always travels as safetensors,
-        and a DataProto answer comes back as one (see :mod:`hybridflow_client.dataproto`)."""
+        DataProto or TensorDict argument (verl's batch types; by keyword) always travels as
+        safetensors, and a DataProto or TensorDict answer comes back as one (see
+        :mod:`hybridflow_client.dataproto`, :mod:`hybridflow_client.tensordicts`)."""
         kwargs = kwargs or {}
         dataprotos = [type(value) for value in (*args, *kwargs.values()) if is_dataproto(value)]
-        if any(is_dataproto(value) for value in kwargs.values()):
+        if any(is_dataproto(value) or is_tensordict(value) for value in kwargs.values()):
             binary = True
         request = call_request(
             f"/v1/groups/{segment(group)}/{segment(method)}", args, kwargs, binary,

@@ -38,6 +38,7 @@ __all__ = [
     "dataproto_class",
     "dataproto_document",
     "is_dataproto",
+    "plain_json",
 ]
 
 #: The key that marks a DataProto in a JSON body.
@@ -131,9 +132,15 @@ def _plain(value: Any, where: str, depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value)]
     raise CodecError(
-        f"{where} is a {type(value).__name__}; a DataProto's non-tensor data and meta_info travel as JSON "
+        f"{where} is a {type(value).__name__}; a batch's non-tensor data and metadata travel as JSON "
         "(strings, numbers, booleans, null, lists, objects)"
     )
+
+
+def plain_json(value: Any, where: str) -> Any:
+    """A JSON-ready copy of a value made of JSON's own types (numpy scalars and arrays too),
+    or a :class:`CodecError`."""
+    return _plain(value, where)
 
 
 def _array_document(array: Any, where: str) -> dict[str, Any]:

@@ -4,11 +4,12 @@
   (flat row-major data; NaN and infinities as the strings "NaN", "Infinity", "-Infinity").
 - Encoding (:func:`encode_json_value`): tensors and numeric numpy arrays become tensor
   objects; numpy scalars plain numbers; tuples lists; non-finite floats the strings
-  above; mapping keys strings; a DataProto ``{"__dataproto__": {...}}``; any other object
+  above; mapping keys strings; a DataProto ``{"__dataproto__": {...}}``; a TensorDict
+  ``{"__tensordict__": {...}}`` (:mod:`hybridflow_client.tensordicts`); any other object
   ``{"type": "module.Class", "repr": "..."}``.
 - Decoding (:func:`decode_json_value`): tensor objects, at any depth, become tensors
-  (:func:`hybridflow_client.tensors.to_user`), DataProto objects DataProtos; everything
-  else is left as it is.
+  (:func:`hybridflow_client.tensors.to_user`), DataProto objects DataProtos, TensorDict
+  objects TensorDicts (torch and tensordict needed); everything else is left as it is.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ from typing import Any
 import numpy as np
 
 from hybridflow_client.dataproto import JSON_MARKER, build_dataproto, dataproto_document, is_dataproto
+from hybridflow_client.tensordicts import (
+    TENSORDICT_MARKER,
+    build_tensordict,
+    is_tensordict,
+    map_tensor_leaves,
+    tensordict_document,
+)
 from hybridflow_client.tensors import (
     CodecError,
     WireTensor,
@@ -101,6 +109,10 @@ def _encode(value: Any, where: str, depth: int) -> Any:
         document, tensors = dataproto_document(value, where)
         batch = {name: tensor_object(tensor) for name, tensor in tensors.items()}
         return {JSON_MARKER: {**document, "batch": batch}}
+    if is_tensordict(value):  # before mappings: a TensorDict is one
+        document, tensors = tensordict_document(value, where)
+        entries = map_tensor_leaves(document["tensors"], lambda name: tensor_object(tensors[name]))
+        return {TENSORDICT_MARKER: {**document, "tensors": entries}}
     if isinstance(value, np.generic):
         item = value.item()
         return _opaque(value) if isinstance(item, np.generic) else _encode(item, where, depth + 1)
@@ -127,6 +139,8 @@ def decode_json_value(value: Any, where: str = "value", dataproto_type: type | N
             raise CodecError(f"{where}: a DataProto's batch must map names to tensor objects")
         tensors = {name: from_json(obj, f"{where}.batch.{name}") for name, obj in batch.items()}
         return build_dataproto({**document, "batch": list(batch)}, tensors, where, dataproto_type)
+    if isinstance(value, Mapping) and set(value) == {TENSORDICT_MARKER}:
+        return build_tensordict(value[TENSORDICT_MARKER], from_json, where)
     if isinstance(value, list):
         return [decode_json_value(v, f"{where}[{i}]", dataproto_type) for i, v in enumerate(value)]
     if isinstance(value, Mapping):

@@ -3,7 +3,8 @@
 - A call body carries keyword arguments only: a tensor under its name, a list's items
   under ``name.0``, ``name.1``, ... (numbers and lists of numbers become tensors with
   ``torch.tensor``'s dtype rules), a DataProto as its tensors ``name@key`` and its JSON
-  document in the metadata under ``name``.
+  document in the metadata under ``name``, a TensorDict likewise, its document under
+  ``{"__tensordict__": ...}`` (:mod:`hybridflow_client.tensordicts`).
 - An output body holds dotted paths under ``output``: list items by index, mapping keys
   percent-escaped (``.`` is ``%2E``, ``%`` is ``%25``, a key of digits has its first digit
   escaped, the empty key is ``%``). It comes back as tensors, lists, and dicts with their
@@ -26,6 +27,12 @@ import safetensors.numpy
 
 from hybridflow_client.dataproto import MEMBER, build_dataproto, dataproto_document, is_dataproto
 from hybridflow_client.json_codec import dumps_compact
+from hybridflow_client.tensordicts import (
+    TENSORDICT_MARKER,
+    is_tensordict,
+    tensordict_document,
+    tensordict_from_members,
+)
 from hybridflow_client.tensors import CodecError, WireTensor, check_shape, from_buffer, to_user, to_wire
 
 __all__ = ["decode_output_body", "encode_call_body", "encode_safetensors", "read_safetensors"]
@@ -109,6 +116,10 @@ def encode_call_body(kwargs: Mapping[str, Any]) -> bytes:
             document, tensors = dataproto_document(value, f"argument {name!r}")
             metadata[name] = dumps_compact(document).decode()
             named.update({f"{name}{MEMBER}{key}": tensor for key, tensor in tensors.items()})
+        elif is_tensordict(value):
+            document, tensors = tensordict_document(value, f"argument {name!r}")
+            metadata[name] = dumps_compact({TENSORDICT_MARKER: document}).decode()
+            named.update({f"{name}{MEMBER}{key}": tensor for key, tensor in tensors.items()})
         elif isinstance(value, (list, tuple)):
             if not value:
                 raise CodecError(f"argument {name!r} is an empty list, which safetensors cannot carry")
@@ -136,7 +147,8 @@ class _Leaf:
 
 def decode_output_body(body: bytes, prefix: str = "output", dataproto_type: type | None = None) -> Any:
     """The output of a safetensors answer: a tensor, or lists and dicts of them (and of
-    DataProtos, built with ``dataproto_type``: see :mod:`hybridflow_client.dataproto`)."""
+    DataProtos, built with ``dataproto_type``: see :mod:`hybridflow_client.dataproto`, and
+    of TensorDicts)."""
     named, metadata = read_safetensors(body)
     members: dict[str, dict[str, WireTensor]] = {path: {} for path in metadata}
     leaves: dict[str, Any] = {}
@@ -150,8 +162,11 @@ def decode_output_body(body: bytes, prefix: str = "output", dataproto_type: type
         try:
             document = json.loads(text)
         except ValueError as exc:
-            raise CodecError(f"DataProto {path!r:.100}: its document is not JSON: {exc}") from None
-        leaves[path] = build_dataproto(document, members[path], path, dataproto_type)
+            raise CodecError(f"batch {path!r:.100}: its document is not JSON: {exc}") from None
+        if isinstance(document, dict) and set(document) == {TENSORDICT_MARKER}:
+            leaves[path] = tensordict_from_members(document[TENSORDICT_MARKER], members[path], path)
+        else:
+            leaves[path] = build_dataproto(document, members[path], path, dataproto_type)
     if not leaves:
         raise CodecError("the answer holds no tensors")
     if prefix in leaves:

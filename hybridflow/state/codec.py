@@ -26,9 +26,9 @@ What comes back (the decisions a round trip leaves open):
   memory no longer do.
 - A numpy array comes back as a numpy array (native byte order, C-contiguous), a numpy
   scalar (``np.float32(1.5)``) as a numpy scalar of the same dtype.
-- A verl ``DataProto`` comes back as a ``DataProto`` with the same batch tensors (as
-  above), non-tensor columns and ``meta_info``, in the form the HTTP wire gives it
-  (wire.dataproto: non-tensor columns and ``meta_info`` hold JSON values).
+- A verl ``DataProto`` or ``TensorDict`` comes back as one, with the same tensors (as
+  above; a jagged tensor as jagged), non-tensor columns and metadata, in the form the HTTP
+  wire gives it (wire.dataproto, wire.tensordicts: Python values are JSON values there).
 - Anything else (objects, sets, complex128, sparse or quantized tensors, numpy object or
   string arrays, ``int`` or ``dict`` subclasses such as enums, nesting deeper than
   :data:`MAX_DEPTH`) raises :class:`StateCodecError`, a ``ValueError`` whose message
@@ -53,9 +53,10 @@ import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
-from hybridflow.wire.dataproto import build_dataproto, dataproto_document, is_dataproto
+from hybridflow.wire.dataproto import is_dataproto
 from hybridflow.wire.errors import WireError
 from hybridflow.wire.limits import MAX_DEPTH as WIRE_MAX_DEPTH
+from hybridflow.wire.tensordicts import batch_document, build_batch, is_tensordict
 
 __all__ = [
     "MAX_DEPTH", "StateCodecError", "decode_answer", "decode_call", "decode_snapshot", "decode_value",
@@ -82,7 +83,8 @@ TENSOR_DTYPES = frozenset({
 _NUMPY_KINDS = frozenset("biufc")
 
 _KINDS = ("value", "call", "snapshot", "answer")
-_TAGS = ("$tensor", "$ndarray", "$npscalar", "$bytes", "$tuple", "$float", "$dict", "$dataproto")
+_BATCHES = {"$dataproto": "DataProto", "$tensordict": "TensorDict"}
+_TAGS = ("$tensor", "$ndarray", "$npscalar", "$bytes", "$tuple", "$float", "$dict", *_BATCHES)
 
 
 class StateCodecError(ValueError):
@@ -157,21 +159,22 @@ class _Encoder(_Walker):
             return {"$ndarray": self._add(self._array(value))}
         if isinstance(value, np.generic) and not isinstance(value, (str, bytes)):
             return {"$npscalar": self._add(self._array(np.asarray(value)))}
-        if is_dataproto(value):
-            return {"$dataproto": self._dataproto(value)}
+        if is_dataproto(value) or is_tensordict(value):
+            return self._batch(value)
         if kind is bytes:
             data = torch.frombuffer(bytearray(value), dtype=torch.uint8) if value else torch.empty(0, dtype=torch.uint8)
             return {"$bytes": self._add(data)}
         raise _PathError(f"unsupported type {kind.__module__}.{kind.__qualname__}".replace("builtins.", ""))
 
-    def _dataproto(self, data: Any) -> dict[str, Any]:
-        # The wire's own form of a DataProto: its JSON document (non-tensor columns and
-        # meta_info as JSON values) and its batch tensors, here by index.
+    def _batch(self, data: Any) -> dict[str, Any]:
+        # The wire's own form of a DataProto or TensorDict: its JSON document (Python values
+        # as JSON values) and its tensors, here by index.
+        tag = "$dataproto" if is_dataproto(data) else "$tensordict"
         try:
-            document, tensors = dataproto_document(data, "DataProto")
+            document, tensors = batch_document(data, _BATCHES[tag])
         except WireError as exc:
             raise _PathError(str(exc)) from None
-        return {"document": document, "tensors": {key: self._add(self._tensor(t)) for key, t in tensors.items()}}
+        return {tag: {"document": document, "tensors": {key: self._add(self._tensor(t)) for key, t in tensors.items()}}}
 
     def _mapping(self, mapping: Mapping[Any, Any], depth: int) -> Any:
         if all(type(key) is str and not key.startswith("$") for key in mapping):
@@ -324,8 +327,8 @@ class _Decoder(_Walker):
             return self._pairs(self._list(payload, tag), depth)
         if tag == "$float":
             return self._float(payload)
-        if tag == "$dataproto":
-            return self._dataproto(payload)
+        if tag in _BATCHES:
+            return self._batch(tag, payload)
         tensor = self._take(payload)
         if tag == "$tensor":
             return tensor
@@ -343,15 +346,17 @@ class _Decoder(_Walker):
             return array[()]
         return array
 
-
-    def _dataproto(self, payload: Any) -> Any:
+    def _batch(self, tag: str, payload: Any) -> Any:
         if type(payload) is not dict or set(payload) != {"document", "tensors"} or type(payload["tensors"]) is not dict:
-            raise _PathError("$dataproto needs an object with document and tensors")
+            raise _PathError(f"{tag} needs an object with document and tensors")
         tensors = {key: self._take(index) for key, index in payload["tensors"].items()}
         try:
-            return build_dataproto(payload["document"], tensors, "DataProto")
+            data = build_batch(payload["document"], tensors, _BATCHES[tag])
         except WireError as exc:
             raise _PathError(str(exc)) from None
+        if is_tensordict(data) != (tag == "$tensordict"):
+            raise _PathError(f"{tag} holds a {type(data).__name__}")
+        return data
 
     def _pairs(self, pairs: list[Any], depth: int) -> dict[Any, Any]:
         out: dict[Any, Any] = {}

@@ -36,6 +36,7 @@ __all__ = [
     "build_dataproto",
     "dataproto_document",
     "is_dataproto",
+    "plain_json",
 ]
 
 #: The key that marks a DataProto in a JSON body.
@@ -87,9 +88,16 @@ def _plain(value: Any, where: str, depth: int, limits: WireLimits) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(item, f"{where}[{i}]", depth + 1, limits) for i, item in enumerate(value)]
     raise WireError(
-        f"{where} is a {type(value).__name__}; a DataProto's non-tensor data and meta_info travel as JSON "
+        f"{where} is a {type(value).__name__}; a batch's non-tensor data and metadata travel as JSON "
         "(strings, numbers, booleans, null, lists, objects)"
     )
+
+
+def plain_json(value: Any, where: str, limits: WireLimits = DEFAULT_LIMITS) -> Any:
+    """A JSON-ready copy of a value made of JSON's own types (numpy scalars and arrays of
+    them allowed); :class:`WireError` for anything else or nesting deeper than
+    ``limits.max_depth``."""
+    return _plain(value, where, 0, limits)
 
 
 def _array_document(array: np.ndarray, where: str, limits: WireLimits) -> dict[str, Any]:

@@ -16,6 +16,8 @@ call's or an output's nested values to decode or encode them.
   ``{"type": "module.Class", "repr": "..."}`` (repr cut to :data:`MAX_REPR_CHARS`).
   :func:`decode_json_value` turns tensor objects back into torch tensors and leaves
   everything else as it is.
+- verl's batches, both ways: a DataProto is ``{"__dataproto__": ...}``
+  (:mod:`wire.dataproto`), a TensorDict ``{"__tensordict__": ...}`` (:mod:`wire.tensordicts`).
 - Bounds (:class:`wire.limits.WireLimits`): :func:`decode_json_value` counts the tensors
   and values of the whole value, and its depth, before it builds any tensor;
   :func:`json_value_count` tells, without encoding, how large an answer's JSON would be.
@@ -35,6 +37,13 @@ from hybridflow.wire.dataproto import JSON_MARKER, build_dataproto, dataproto_do
 from hybridflow.wire.dtypes import DATATYPE_OF, check_shape, numpy_to_torch, plain_cpu, torch_dtype
 from hybridflow.wire.errors import WireError
 from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
+from hybridflow.wire.tensordicts import (
+    TENSORDICT_MARKER,
+    build_tensordict,
+    is_tensordict,
+    map_tensor_leaves,
+    tensordict_document,
+)
 
 __all__ = [
     "MAX_REPR_CHARS",
@@ -250,6 +259,8 @@ def _decode(value: Any, where: str, limits: WireLimits) -> Any:
         return json_to_tensor(value, where, limits)
     if isinstance(value, Mapping) and set(value) == {JSON_MARKER}:
         return _decode_dataproto(value[JSON_MARKER], where, limits)
+    if isinstance(value, Mapping) and set(value) == {TENSORDICT_MARKER}:
+        return build_tensordict(value[TENSORDICT_MARKER], lambda obj, label: _leaf(obj, label, limits), where, limits)
     if isinstance(value, list):
         return [_decode(v, f"{where}[{i}]", limits) for i, v in enumerate(value)]
     if isinstance(value, Mapping):
@@ -265,6 +276,13 @@ def _decode_dataproto(document: Any, where: str, limits: WireLimits) -> Any:
     batch = document["batch"]
     tensors = {name: json_to_tensor(obj, f"{where}.batch.{name}", limits) for name, obj in batch.items()}
     return build_dataproto({**document, "batch": list(batch)}, tensors, where, limits)
+
+
+def _leaf(obj: Any, label: str, limits: WireLimits) -> torch.Tensor:
+    """A TensorDict's tensor in a JSON body: a tensor object."""
+    if not is_json_tensor(obj):
+        raise WireError(f"{label} must be a tensor object (datatype, shape, data)")
+    return json_to_tensor(obj, label, limits)
 
 
 # -- encoding ----------------------------------------------------------------------------
@@ -350,6 +368,10 @@ def _encode(value: Any, where: str, depth: int, max_depth: int) -> Any:
         document, tensors = dataproto_document(value, where)
         batch = {name: tensor_to_json(plain_cpu(tensor, f"{where}.batch.{name}")) for name, tensor in tensors.items()}
         return {JSON_MARKER: {**document, "batch": batch}}
+    if is_tensordict(value):
+        document, tensors = tensordict_document(value, where)
+        entries = map_tensor_leaves(document["tensors"], lambda name: tensor_to_json(plain_cpu(tensors[name], where)))
+        return {TENSORDICT_MARKER: {**document, "tensors": entries}}
     if isinstance(value, np.ndarray):
         if value.dtype.kind in "biuf":
             return tensor_to_json(numpy_to_torch(value, where))
@@ -390,6 +412,10 @@ def json_value_count(
             batch = [] if node.batch is None else [node.batch[k] for k in node.batch.keys()]
             count += sum(t.numel() for t in batch if isinstance(t, torch.Tensor))
             count += sum(a.size for a in node.non_tensor_batch.values())
+            continue
+        if is_tensordict(node):  # its tensors' elements; its Python values one each at least
+            leaves = [node.get(key) for key in node.keys()]
+            count += sum(t.numel() if isinstance(t, torch.Tensor) else max(1, t.numel()) for t in leaves)
             continue
         if isinstance(node, Mapping):
             children: Any = node.values()

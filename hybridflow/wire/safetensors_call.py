@@ -12,6 +12,9 @@
   checked in work proportional to the number of tensors, never to an index's value. The
   header and every DataProto document in it share one JSON value budget, spent on all of
   them before any document is parsed, and a call's names are checked before that.
+- verl's batches travel as their tensors ``<path>@<name>`` and a JSON document, the
+  metadata entry under ``<path>``: a DataProto's (:mod:`wire.dataproto`), or a TensorDict's
+  under ``__tensordict__`` (:mod:`wire.tensordicts`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from hybridflow.wire.dataproto import MEMBER, build_dataproto, dataproto_document, is_dataproto
+from hybridflow.wire.dataproto import MEMBER
 from hybridflow.wire.dtypes import (
     check_shape,
     datatype_of,
@@ -38,6 +41,7 @@ from hybridflow.wire.errors import WireError
 from hybridflow.wire.json_tensors import is_json_tensor, json_to_tensor, type_name
 from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
 from hybridflow.wire.strict_json import JsonBudget, dumps_compact, loads_strict, parse_counted
+from hybridflow.wire.tensordicts import batch_document, build_batch
 
 __all__ = [
     "decode_call_body",
@@ -180,10 +184,10 @@ def decode_safetensors(body: bytes | bytearray, limits: WireLimits = DEFAULT_LIM
 def _members(
     named: Mapping[str, torch.Tensor], metadata: Mapping[str, str], limits: WireLimits
 ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
-    """A body's tensors split into plain ones and each DataProto's (tensors
-    ``<path>@<key>``, the document under ``<path>`` in the metadata), by path; nothing parsed."""
+    """A body's tensors split into plain ones and each batch's (tensors ``<path>@<key>``,
+    the document under ``<path>`` in the metadata), by path; nothing parsed."""
     if len(metadata) > limits.max_tensors:
-        raise WireError(f"safetensors metadata holds {len(metadata)} DataProtos, over limits.max_tensors")
+        raise WireError(f"safetensors metadata holds {len(metadata)} batches, over limits.max_tensors")
     plain: dict[str, torch.Tensor] = {}
     members: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in named.items():
@@ -194,10 +198,10 @@ def _members(
             plain[name] = tensor
     strays = sorted(set(members) - set(metadata))
     if strays:
-        raise WireError(f"tensors {strays[0]!r:.100}{MEMBER}... belong to no DataProto: no metadata names it")
+        raise WireError(f"tensors {strays[0]!r:.100}{MEMBER}... belong to no batch: no metadata names it")
     both = next((path for path in metadata if path in plain), None)
     if both is not None:
-        raise WireError(f"{both!r:.100} is both a tensor and a DataProto")
+        raise WireError(f"{both!r:.100} is both a tensor and a batch")
     return plain, members
 
 
@@ -205,11 +209,12 @@ def _build_dataprotos(
     metadata: Mapping[str, str], members: Mapping[str, Mapping[str, torch.Tensor]], limits: WireLimits,
     budget: JsonBudget,
 ) -> dict[str, Any]:
-    """The DataProtos the metadata describes. Every document is counted against the body's
-    one budget before any is parsed, so a body over it is refused without parsing."""
-    counted = {path: budget.spend(text, f"DataProto {path!r:.100}") for path, text in metadata.items()}
+    """The DataProtos and TensorDicts the metadata describes. Every document is counted
+    against the body's one budget before any is parsed, so a body over it is refused
+    without parsing."""
+    counted = {path: budget.spend(text, f"batch {path!r:.100}") for path, text in metadata.items()}
     return {
-        path: build_dataproto(parse_counted(data, f"DataProto {path!r:.100}"), members.get(path, {}), path, limits)
+        path: build_batch(parse_counted(data, f"batch {path!r:.100}"), members.get(path, {}), path, limits)
         for path, data in counted.items()
     }
 
@@ -294,14 +299,15 @@ def unpack_call(named: Mapping[str, torch.Tensor]) -> dict[str, Any]:
 
 def encode_call_body(kwargs: Mapping[str, Any]) -> bytes:
     """A safetensors call body of keyword arguments: :func:`pack_call`'s tensors, and each
-    DataProto argument as its batch tensors (``name@key``) and its JSON document (the
-    metadata under ``name``)."""
+    DataProto or TensorDict argument as its tensors (``name@key``) and its JSON document
+    (the metadata under ``name``)."""
     plain, named, metadata = {}, {}, {}
     for name, value in kwargs.items():
-        if is_dataproto(value):
+        batch = batch_document(value, f"argument {name!r}")
+        if batch is not None:
             if not isinstance(name, str) or not name.isidentifier():
                 raise WireError(f"keyword {name!r} is not a valid argument name")
-            document, tensors = dataproto_document(value, f"argument {name!r}")
+            document, tensors = batch
             metadata[name] = dumps_compact(document).decode()
             named.update({f"{name}{MEMBER}{key}": tensor for key, tensor in tensors.items()})
         else:
@@ -312,16 +318,16 @@ def encode_call_body(kwargs: Mapping[str, Any]) -> bytes:
 
 def decode_call_body(body: bytes | bytearray, limits: WireLimits = DEFAULT_LIMITS) -> dict[str, Any]:
     """Keyword arguments of a safetensors call body (:func:`encode_call_body`'s inverse).
-    Every name is checked before any DataProto document is parsed."""
+    Every name is checked before any batch's document is parsed."""
     budget = JsonBudget(limits)
     named, metadata = _read(body, limits, budget)
     plain, members = _members(named, metadata, limits)
     kwargs = unpack_call(plain)
     for name in metadata:
         if not name.isidentifier():
-            raise WireError(f"DataProto argument {name!r:.100} is not a valid argument name")
+            raise WireError(f"batch argument {name!r:.100} is not a valid argument name")
         if name in kwargs:
-            raise WireError(f"argument {name!r} is given both as a DataProto and as tensors")
+            raise WireError(f"argument {name!r} is given both as a batch and as tensors")
     kwargs.update(_build_dataprotos(metadata, members, limits, budget))
     return kwargs
 
@@ -360,7 +366,7 @@ def pack_output(
 
 
 def encode_output_body(output: Any, limits: WireLimits = DEFAULT_LIMITS) -> bytes:
-    """A safetensors answer of a collected output (DataProtos included)."""
+    """A safetensors answer of a collected output (DataProtos and TensorDicts included)."""
     metadata: dict[str, str] = {}
     return encode_safetensors(pack_output(output, limits=limits, metadata=metadata), metadata)
 
@@ -378,7 +384,13 @@ def _pack(
 ) -> None:
     if depth > max_depth:
         raise WireError(f"{path}: nests deeper than {max_depth} levels")
-    if isinstance(value, (list, tuple)):
+    if (batch := batch_document(value, path)) is not None:  # first: a TensorDict is a Mapping
+        if metadata is None:
+            raise WireError(f"{path} is a batch: encode the answer with encode_output_body")
+        document, tensors = batch
+        metadata[path] = dumps_compact(document).decode()
+        named.update({f"{path}{MEMBER}{key}": tensor for key, tensor in tensors.items()})
+    elif isinstance(value, (list, tuple)):
         if not value:
             raise WireError(f"{path} is an empty list, which safetensors cannot carry")
         for i, item in enumerate(value):
@@ -388,12 +400,6 @@ def _pack(
             raise WireError(f"{path} is an empty mapping, which safetensors cannot carry")
         for key, item in value.items():
             _pack(item, f"{path}.{_escape_key(key, path)}", named, depth + 1, max_depth, metadata)
-    elif is_dataproto(value):
-        if metadata is None:
-            raise WireError(f"{path} is a DataProto: encode the answer with encode_output_body")
-        document, tensors = dataproto_document(value, path)
-        metadata[path] = dumps_compact(document).decode()
-        named.update({f"{path}{MEMBER}{key}": tensor for key, tensor in tensors.items()})
     elif isinstance(value, (torch.Tensor, np.ndarray, np.generic, bool, int, float)):
         named[path] = _as_tensor(value, path)
     else:

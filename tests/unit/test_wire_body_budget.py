@@ -35,7 +35,7 @@ def test_documents_each_under_the_limit_are_refused_together():
     header = value_bound(json.dumps({"__metadata__": {f"d{i}": "" for i in range(8)}}).encode())
     spent = header + value_bound(each.encode())
     assert re.match(
-        rf"DataProto 'd[0-7]' takes the body past 1000 JSON values \(limits.max_json_values counts every "
+        rf"batch 'd[0-7]' takes the body past 1000 JSON values \(limits.max_json_values counts every "
         rf"document of a body; {spent} came before it\)", str(refused.value)
     )
     with pytest.raises(WireError, match="takes the body past 1000 JSON values"):
@@ -46,9 +46,9 @@ def test_documents_each_under_the_limit_are_refused_together():
 def test_a_bad_name_is_refused_before_any_document_is_parsed():
     not_json = "{" * 10  # parsing it would be the error, were names not checked first
     for names, message in [
-        ({"bad name": not_json}, "DataProto argument 'bad name' is not a valid argument name"),
-        ({"x": not_json, "x.0": not_json}, "'x.0' is both a tensor and a DataProto"),
-        ({"xs": not_json}, "argument 'xs' is given both as a DataProto and as tensors"),
+        ({"bad name": not_json}, "batch argument 'bad name' is not a valid argument name"),
+        ({"x": not_json, "x.0": not_json}, "'x.0' is both a tensor and a batch"),
+        ({"xs": not_json}, "argument 'xs' is given both as a batch and as tensors"),
     ]:
         body = encode_safetensors({"x.0": torch.zeros(1), "xs.0": torch.zeros(1)}, names)
         with pytest.raises(WireError, match=message.replace(".", r"\.")):
@@ -64,7 +64,7 @@ def test_the_number_of_dataprotos_is_bounded():
     tiny = document(0)
     body = encode_safetensors({}, {f"d{i}": tiny for i in range(5)})
     assert len(decode_call_body(body, WireLimits(max_tensors=5))) == 5
-    with pytest.raises(WireError, match="holds 6 DataProtos, over limits.max_tensors"):
+    with pytest.raises(WireError, match="holds 6 batches, over limits.max_tensors"):
         decode_call_body(encode_safetensors({}, {f"d{i}": tiny for i in range(6)}), WireLimits(max_tensors=5))
 
 

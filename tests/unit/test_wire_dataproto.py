@@ -95,7 +95,7 @@ def doctored(metadata: dict, tensors: dict | None = None) -> bytes:
 
 DOC = {"rows": 2, "batch": ["x"], "non_tensor_batch": {}, "meta_info": {}}
 HOSTILE = [
-    ("tensors of no DataProto", doctored({}, {"data@x": torch.zeros(2)}), "belong to no DataProto"),
+    ("tensors of no DataProto", doctored({}, {"data@x": torch.zeros(2)}), "belong to no batch"),
     ("rows that do not match", doctored({"data": DOC}, {"data@x": torch.zeros(3)}), "has not 2 rows"),
     ("a tensor the document does not name", doctored({"data": {**DOC, "batch": []}}, {"data@x": torch.zeros(2)}),
      "batch names"),

@@ -1,0 +1,269 @@
+"""A ``tensordict.TensorDict`` batch on the wire (verl v0.7's batch type), never pickled:
+its tensors travel as tensors, a jagged (nested) tensor as two of them, and its Python
+values as JSON.
+
+One JSON document describes the batch::
+
+    {"batch_size": [4],
+     "tensors": {"scores": <tensor>,                          # a dense tensor, rows first
+                 "input_ids": {"values": <tensor>,            # a jagged tensor: its rows'
+                               "offsets": <tensor>,           # elements joined, where each
+                               "ragged_dim": 1}},             # row starts, its ragged dim
+     "objects": {"turns": [[], ["hi"], [], ["a", "b"]]},      # per row: one JSON value a row
+     "metadata": {"temperature": 0.7}}                        # the whole batch: JSON values
+
+``objects`` and ``metadata`` may be left out. In a JSON body each ``<tensor>`` is a JSON
+tensor object and the batch is ``{"__tensordict__": <document>}``; in safetensors the
+metadata entry under the batch's path (an argument name, ``output``...) is
+``{"__tensordict__": <document>}`` with each ``<tensor>`` the name of one of the body's
+tensors ``<path>@<name>``, each used once. ``batch_size`` is ``[rows]`` (or ``[]`` for a
+batch of metadata and tensors without rows). A jagged tensor's offsets are int32 or int64,
+one more than the rows, start at 0, never decrease and end at the values' length along
+the ragged dimension, all checked before the jagged tensor is made (a view of the values,
+``single_controller.tensordict_utils.jagged_from_parts``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from hybridflow.wire.dataproto import build_dataproto, dataproto_document, is_dataproto, plain_json
+from hybridflow.wire.errors import WireError
+from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
+
+__all__ = [
+    "TENSORDICT_MARKER",
+    "batch_document",
+    "build_batch",
+    "build_tensordict",
+    "is_tensordict",
+    "map_tensor_leaves",
+    "tensordict_document",
+    "tensordict_from_members",
+]
+
+#: The key that marks a TensorDict in a JSON body and in a safetensors metadata document.
+TENSORDICT_MARKER = "__tensordict__"
+_REQUIRED = frozenset({"batch_size", "tensors"})
+_KEYS = _REQUIRED | {"objects", "metadata"}
+_JAGGED = frozenset({"values", "offsets", "ragged_dim"})
+
+#: ``leaf(value, label)``: the tensor a document's ``<tensor>`` stands for.
+Leaf = Callable[[Any, str], torch.Tensor]
+
+
+def is_tensordict(value: Any) -> bool:
+    """True for a TensorDict (any ``TensorDictBase`` but a column of Python objects),
+    looked up without importing ``tensordict``: a value cannot be one before it is imported."""
+    module = sys.modules.get("tensordict")
+    if module is None or not isinstance(value, module.TensorDictBase):
+        return False
+    return not isinstance(value, module.NonTensorStack)
+
+
+# -- to the wire -------------------------------------------------------------------------
+
+
+def tensordict_document(
+    data: Any, where: str, limits: WireLimits = DEFAULT_LIMITS
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A TensorDict as its document (each ``<tensor>`` a name) and its tensors by name:
+    a dense entry's tensor is named like the entry, a jagged entry's ``<key>.values`` and
+    ``<key>.offsets`` (every tensor by its number should those names clash)."""
+    from tensordict import NonTensorData, NonTensorStack
+
+    from single_controller.tensordict_utils import jagged_parts
+
+    if data.batch_dims > 1:
+        raise WireError(f"{where}: a TensorDict travels with one batch dimension at most, not {list(data.batch_size)}")
+    entries: dict[str, Any] = {}
+    objects: dict[str, Any] = {}
+    metadata: dict[str, Any] = {}
+    parts: list[tuple[str, torch.Tensor]] = []
+    for key in data.keys():
+        value = data.get(key)
+        if not isinstance(key, str):
+            raise WireError(f"{where}: only string keys travel, got {key!r:.40}")
+        label = f"{where}.{key}"
+        if isinstance(value, NonTensorStack):
+            objects[key] = plain_json(value.tolist(), label, limits)
+        elif isinstance(value, NonTensorData):
+            metadata[key] = plain_json(value.data, label, limits)
+        elif isinstance(value, torch.Tensor) and value.is_nested:
+            try:
+                values, offsets, ragged_dim = jagged_parts(value)
+            except ValueError as exc:
+                raise WireError(f"{label}: {exc}") from None
+            entries[key] = {"values": len(parts), "offsets": len(parts) + 1, "ragged_dim": ragged_dim}
+            parts += [(f"{key}.values", values), (f"{key}.offsets", offsets)]
+        elif isinstance(value, torch.Tensor):
+            entries[key] = len(parts)
+            parts.append((key, value))
+        else:
+            raise WireError(f"{label} is a {type(value).__name__}; a TensorDict travels with tensors, jagged "
+                            "tensors, columns of Python objects and metadata (no nested TensorDicts)")
+    names = [name for name, _ in parts]
+    if len(set(names)) != len(names):
+        names = [str(i) for i in range(len(parts))]
+    document = {
+        "batch_size": list(data.batch_size),
+        "tensors": map_tensor_leaves(entries, lambda index: names[index]),
+        "objects": objects,
+        "metadata": metadata,
+    }
+    return document, {name: tensor for name, (_, tensor) in zip(names, parts, strict=True)}
+
+
+def map_tensor_leaves(entries: Mapping[str, Any], fn: Callable[[Any], Any]) -> dict[str, Any]:
+    """A document's ``tensors`` with every ``<tensor>`` replaced by ``fn(<tensor>)``
+    (e.g. names by JSON tensor objects)."""
+    out: dict[str, Any] = {}
+    for key, entry in entries.items():
+        if isinstance(entry, Mapping) and _JAGGED & set(entry):
+            out[key] = {"values": fn(entry["values"]), "offsets": fn(entry["offsets"]), "ragged_dim": entry["ragged_dim"]}
+        else:
+            out[key] = fn(entry)
+    return out
+
+
+def batch_document(
+    value: Any, where: str, limits: WireLimits = DEFAULT_LIMITS
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
+    """A DataProto's or TensorDict's document as a safetensors metadata entry holds it (a
+    TensorDict's under :data:`TENSORDICT_MARKER`) and its tensors by name; None for any
+    other value."""
+    if is_dataproto(value):
+        return dataproto_document(value, where, limits)
+    if is_tensordict(value):
+        document, tensors = tensordict_document(value, where, limits)
+        return {TENSORDICT_MARKER: document}, tensors
+    return None
+
+
+# -- from the wire -----------------------------------------------------------------------
+
+
+def _batch_size(value: Any, where: str, limits: WireLimits) -> list[int]:
+    if not isinstance(value, list) or len(value) > 1 or not all(
+        isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= limits.max_tensor_elements for d in value
+    ):
+        raise WireError(f"{where}.batch_size must be [rows] or [], got {value!r:.80}")
+    return value
+
+
+def _mapping(document: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
+    value = document.get(key, {})
+    if not isinstance(value, Mapping) or not all(isinstance(name, str) and name for name in value):
+        raise WireError(f"{where}.{key} must be an object whose keys are non-empty names")
+    return value
+
+
+def _jagged(entry: Mapping[str, Any], leaf: Leaf, rows: int | None, label: str) -> torch.Tensor:
+    """A jagged tensor from its parts, once the offsets fit the rows and the values."""
+    from single_controller.tensordict_utils import jagged_from_parts
+
+    if set(entry) != _JAGGED:
+        raise WireError(f"{label}: a jagged tensor is an object with exactly values, offsets and ragged_dim")
+    if not rows:
+        raise WireError(f"{label}: a jagged tensor needs a batch of one or more rows (batch_size [rows])")
+    values, offsets = leaf(entry["values"], f"{label}.values"), leaf(entry["offsets"], f"{label}.offsets")
+    ragged_dim = entry["ragged_dim"]
+    if isinstance(ragged_dim, bool) or not isinstance(ragged_dim, int) or not 1 <= ragged_dim <= values.dim():
+        raise WireError(f"{label}.ragged_dim must be between 1 and {values.dim()} for values of shape "
+                        f"{list(values.shape)}, got {ragged_dim!r:.40}")
+    if offsets.dtype not in (torch.int32, torch.int64) or offsets.dim() != 1:
+        raise WireError(f"{label}.offsets must be a 1-D INT32 or INT64 tensor, got {offsets.dtype} "
+                        f"of shape {list(offsets.shape)}")
+    if offsets.numel() != rows + 1:
+        raise WireError(f"{label}.offsets has {offsets.numel()} entries; {rows} rows need {rows + 1}")
+    offsets = offsets.to(torch.int64)
+    length = values.shape[ragged_dim - 1]
+    if int(offsets[0]) != 0:
+        raise WireError(f"{label}.offsets must start at 0, got {int(offsets[0])}")
+    if bool((offsets[1:] < offsets[:-1]).any()):
+        raise WireError(f"{label}.offsets decrease (a row would end before it starts)")
+    if int(offsets[-1]) != length:
+        raise WireError(f"{label}.offsets end at {int(offsets[-1])}, but the values hold {length} along "
+                        f"the ragged dimension")
+    try:
+        return jagged_from_parts(values, offsets, ragged_dim)
+    except (ValueError, RuntimeError) as exc:
+        raise WireError(f"{label}: {exc}") from None
+
+
+def build_tensordict(document: Any, leaf: Leaf, where: str, limits: WireLimits = DEFAULT_LIMITS) -> Any:
+    """The TensorDict a document describes, its tensors given by ``leaf``; every count,
+    name, shape and offset is checked first (:class:`WireError` naming what does not fit)."""
+    if not isinstance(document, Mapping) or not _REQUIRED <= set(document) or not set(document) <= _KEYS:
+        raise WireError(f"{where}: a TensorDict is an object with batch_size and tensors "
+                        "(and optionally objects and metadata)")
+    batch_size = _batch_size(document["batch_size"], where, limits)
+    rows = batch_size[0] if batch_size else None
+    entries, objects, metadata = (_mapping(document, key, where) for key in ("tensors", "objects", "metadata"))
+    count = len(entries) + len(objects) + len(metadata)
+    if count > limits.max_tensors:
+        raise WireError(f"{where}: {count} entries, over the limit of {limits.max_tensors} (limits.max_tensors)")
+    clash = (set(entries) & set(objects)) | (set(entries) & set(metadata)) | (set(objects) & set(metadata))
+    if clash:
+        raise WireError(f"{where}: {sorted(clash)[0]!r:.60} is given twice")
+    source: dict[str, Any] = {}
+    for key, entry in entries.items():
+        label = f"{where}.tensors.{key}"
+        if isinstance(entry, Mapping) and _JAGGED & set(entry):
+            source[key] = _jagged(entry, leaf, rows, label)
+            continue
+        tensor = leaf(entry, label)
+        if list(tensor.shape[: len(batch_size)]) != batch_size:
+            raise WireError(f"{label}: shape {list(tensor.shape)} does not start with batch_size {batch_size}")
+        source[key] = tensor
+    from tensordict import NonTensorData
+
+    from single_controller.tensordict_utils import object_column
+
+    for key, items in objects.items():
+        if not isinstance(items, list) or len(items) != rows:
+            raise WireError(f"{where}.objects.{key} must be a list of one value per row ({rows} rows)")
+        source[key] = object_column(plain_json(items, f"{where}.objects.{key}", limits))
+    for key, value in metadata.items():
+        source[key] = NonTensorData(plain_json(value, f"{where}.metadata.{key}", limits))
+    from tensordict import TensorDict
+
+    try:
+        return TensorDict(source, batch_size=batch_size)
+    except (ValueError, RuntimeError, TypeError, KeyError) as exc:
+        raise WireError(f"{where}: {exc}") from None
+
+
+def tensordict_from_members(
+    document: Any, members: Mapping[str, torch.Tensor], where: str, limits: WireLimits = DEFAULT_LIMITS
+) -> Any:
+    """:func:`build_tensordict` where each ``<tensor>`` names one of ``members`` (the
+    tensors ``<path>@<name>`` of a safetensors body), each used exactly once."""
+    used: set[str] = set()
+
+    def leaf(name: Any, label: str) -> torch.Tensor:
+        if not isinstance(name, str) or name not in members:
+            raise WireError(f"{label}: {name!r:.100} names none of the batch's tensors")
+        if name in used:
+            raise WireError(f"{label}: tensor {name!r:.100} is used twice")
+        used.add(name)
+        return members[name]
+
+    data = build_tensordict(document, leaf, where, limits)
+    if len(used) != len(members):
+        raise WireError(f"{where}: tensors {sorted(set(members) - used)[:3]} belong to no entry")
+    return data
+
+
+def build_batch(
+    document: Any, members: Mapping[str, torch.Tensor], where: str, limits: WireLimits = DEFAULT_LIMITS
+) -> Any:
+    """The DataProto or TensorDict (a document under :data:`TENSORDICT_MARKER`) a parsed
+    safetensors metadata document and its tensors describe (:func:`batch_document`'s inverse)."""
+    if isinstance(document, Mapping) and set(document) == {TENSORDICT_MARKER}:
+        return tensordict_from_members(document[TENSORDICT_MARKER], members, where, limits)
+    return build_dataproto(document, members, where, limits)
