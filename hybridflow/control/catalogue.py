@@ -24,6 +24,9 @@ class MethodInfo:
     execute_mode: str
     registered: bool
     mutating: bool
+    #: The mesh a method registered with ``make_nd_compute_dataproto_dispatch_fn`` is
+    #: dispatched by (None for every other method).
+    mesh: str | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -38,7 +41,9 @@ class MethodInfo:
 def catalogue(worker_cls: Any, read_only: Iterable[str] = ()) -> dict[str, MethodInfo]:
     """The callable methods of a worker class (the library's one definition of them:
     public, not the library's plumbing, nor the snapshot protocol), by name. Every method
-    is mutating unless named in ``read_only``."""
+    is mutating unless named in ``read_only``. Methods named with a leading ``_`` (such as
+    the ``_query_*`` methods a group asks its ranks for their meshes) are never listed, so
+    no caller over HTTP reaches them."""
     specs = registered_methods(worker_cls)
     quiet = set(read_only)
     methods = {}
@@ -52,6 +57,7 @@ def catalogue(worker_cls: Any, read_only: Iterable[str] = ()) -> dict[str, Metho
             execute_mode=spec.execute_mode.name if spec else "ALL",
             registered=spec is not None,
             mutating=name not in quiet,
+            mesh=(getattr(spec.dispatch_spec, "mesh_name", None) or None) if spec else None,
         )
     return methods
 

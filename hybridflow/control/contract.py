@@ -150,4 +150,8 @@ class GroupSummary:
     weights_version: int | None = None
     weights_error: str | None = None
     ranks: list[dict[str, Any]] | None = None
+    #: One group's named meshes, when its workers declared any (``Worker.
+    #: _register_dispatch_collect_info``; a Megatron group's under its mesh name): each
+    #: mesh's dp size and its collecting ranks in dp order, ``{"dp_size", "collect_ranks"}``.
+    meshes: dict[str, dict[str, Any]] | None = None
     namespace: str | None = None

@@ -187,6 +187,12 @@ class GroupController:
             if problem:
                 result.error = _error(ErrorKind.BAD_ARGUMENTS, problem)
                 return result
+        if info.mesh is not None and info.mesh not in group.meshes(cached=True):
+            try:  # a mesh's first call asks every rank its place: off the loop, before anything is sent
+                await asyncio.wait_for(asyncio.to_thread(group.mesh_layout, info.mesh), self.request_timeout_s)
+            except Exception as exc:
+                result.error = self._submit_failed(state, request.method, exc)
+                return result
         entry = record = None
         if info.mutating:
             try:  # encoded now, before any dispatch function sees the arguments
@@ -373,6 +379,13 @@ class GroupController:
                     entry.update(tp_rank=coords.tp_rank, dp_rank=coords.dp_rank, pp_rank=coords.pp_rank,
                                  cp_rank=getattr(coords, "cp_rank", 0))
             summary.ranks = [dict(r) for r in ranks]
+            try:  # the meshes the ranks declared (a Megatron group's too): one call per rank
+                ask = getattr(group, "meshes", dict)  # a plain actor declares none
+                meshes = await asyncio.wait_for(asyncio.to_thread(ask), self.request_timeout_s)
+                summary.meshes = {name: {"dp_size": mesh.dp_size, "collect_ranks": mesh.collect_ranks}
+                                  for name, mesh in meshes.items()} or None
+            except Exception as exc:
+                summary.last_error = summary.last_error or f"meshes unavailable: {failure_of(exc)[1]}"
             if summary.weights_version is not None:
                 summary.weights_version = await self.weights.current(state)
         # Where the workers' actors are named, for operators (e.g. to inspect one with Ray's API).

@@ -81,8 +81,16 @@ class RankDetail(BaseModel):
     pp_rank: int | None = None
 
 
+class MeshDescription(BaseModel):
+    dp_size: int = Field(..., description="the mesh's data-parallel size: a batch is split in this many parts")
+    collect_ranks: list[int] = Field(..., description="the rank whose output is collected, for each dp rank in order")
+
+
 class GroupDetail(GroupSummary):
     ranks: list[RankDetail] = Field(default_factory=list)
+    meshes: dict[str, MeshDescription] | None = Field(
+        None, description="the named meshes the group's workers declared (null when they declared none)"
+    )
 
 
 class GroupList(BaseModel):

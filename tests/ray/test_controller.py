@@ -224,3 +224,10 @@ def test_a_rebuilt_layer_reads_the_same_checkpoint_slices(loop, controller, chec
     weights_after = call(loop, controller, "mlp", "get_weights").output
     for old, new in zip(weights_before, weights_after, strict=True):
         assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in old)
+
+
+def test_a_megatron_group_shows_its_mesh_and_a_plain_group_none(loop, controller):
+    # MegatronWorker declares its dp layout under the mesh "megatron": tp=2 is one dp rank,
+    # collected on tp rank 0
+    assert run(loop, controller.describe_group("mlp")).meshes == {"megatron": {"dp_size": 1, "collect_ranks": [0]}}
+    assert run(loop, controller.describe_group("acc")).meshes is None

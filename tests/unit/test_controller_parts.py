@@ -189,6 +189,15 @@ def test_catalogue_lists_the_workers_own_methods_with_their_modes():
     assert sorted(catalogue(Accumulator)) == ["add", "get_value"]
 
 
+def test_catalogue_names_the_mesh_of_a_mesh_dispatched_method_and_hides_the_mesh_queries():
+    from tests.ray.mesh_workers import MeshDoubler
+
+    methods = catalogue(MeshDoubler, read_only=["double"])
+    assert sorted(methods) == ["double", "elsewhere"]  # no _query_* method a group asks its ranks
+    assert methods["double"].dispatch_mode == "ND_COMPUTE_PROTO(actor)" and methods["double"].mesh == "actor"
+    assert methods["elsewhere"].mesh == "undeclared" and catalogue(TestActor)["foo"].mesh is None
+
+
 def test_per_rank_lists_must_have_one_item_per_rank():
     assert per_rank_problem("add", 4, [], {"x": [1, 1, 1, 1]}) is None
     assert "expected 4 (one per rank), got 3" in per_rank_problem("add", 4, [], {"x": [1, 1, 1]})

@@ -23,7 +23,7 @@ def summary_json(summary: GroupSummary) -> dict[str, Any]:
     """A group as the API shows it: a Megatron group's tp/dp/pp sizes at the top level."""
     data = dataclasses.asdict(summary)
     data.update(data.pop("layout") or {})
-    for key in ("ranks", "namespace"):
+    for key in ("ranks", "namespace", "meshes"):
         if data[key] is None:
             del data[key]
     return data
