@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 
 import pytest
@@ -50,16 +49,6 @@ def deployment_args(checkpoint: str) -> dict:
 def checkpoint(tmp_path_factory) -> tuple[str, dict[str, torch.Tensor]]:
     path, tensors = write_llama_mlp_checkpoint(tmp_path_factory.mktemp("llama"), HIDDEN, FFN, layers=2, seed=7)
     return str(path), tensors
-
-
-@pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import threading
 import time
 
 import pytest
@@ -30,16 +29,6 @@ EVERY = 5
 def group(name: str) -> dict:
     return {"name": name, "worker": COUNTER, "pool": {"process_on_nodes": [2], "name_prefix": name},
             "read_only": ["get"]}
-
-
-@pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -25,16 +25,6 @@ GROUPS = [{"name": "mesh", "worker": "tests.ray.mesh_workers:MeshDoubler",
 
 
 @pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(timeout=10)
-
-
-@pytest.fixture(scope="module")
 def controller(ray_cluster, loop):
     config = load_config({"deployments": [{"name": "meshes", "groups": GROUPS}]})
     deployment = config.deployments[0]

@@ -12,7 +12,6 @@ once no restore needs them, and a changed file that fails the restore with the r
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from pathlib import Path
 
@@ -62,16 +61,6 @@ def args(state_path: Path) -> dict:
             ],
         }],
     }
-
-
-@pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
