@@ -72,6 +72,9 @@ def service(tmp_path_factory):
 def http(service):
     import httpx
 
+    # A module before this one may have left groups rebuilding (a killed worker or replica):
+    # every module starts on a service whose groups all serve.
+    service.wait_ready(timeout_s=300)
     with httpx.Client(base_url=service.url, timeout=300) as client:
         yield client
 

@@ -1,12 +1,17 @@
-"""A second service for the end-to-end tests, started by the first test that asks for it:
-serve_config.yaml's test_actor deployment, its accumulators cut to the pool of 4, and a
-deployment of worker classes from a package outside the project (a temporary directory on
-PYTHONPATH), with a bearer token, a 1 KiB body limit, a 3 s request timeout, and the
-ingress scaled out to two replicas, so the controllers run in replicas of their own (the
-session's service, as shipped, has them inside its one ingress replica).
+"""The end-to-end tests' services beside the session's (tests/conftest.py: serve_config.yaml
+as shipped, its controllers inside its one ingress replica), each started by the first test
+that asks for it and stopped after its last:
 
-Every module runs alone and in any order: each asks for the services it uses, and a
-service starts on first use."""
+- the second service: serve_config.yaml's test_actor deployment, its accumulators cut to
+  the pool of 4, and a deployment of worker classes from a package outside the project (a
+  temporary directory on PYTHONPATH), with a bearer token, a 1 KiB body limit, a 3 s
+  request timeout, and the ingress scaled out to two replicas, so the controllers run in
+  replicas of their own;
+- the third service: small groups for the state store's bounds and a group that declares
+  a mesh (its workers from another package outside the project).
+
+Every module runs alone and in any order: each asks for the services it uses.
+"""
 
 from __future__ import annotations
 
@@ -77,6 +82,86 @@ OWN_DEPLOYMENT = {
 }
 
 
+#: Four ranks: mesh "actor" is dp=2 x tp=2, tp rank 0 answers for its dp rank.
+MESH_WORKERS = '''
+import torch
+
+from single_controller import DataProto
+from single_controller import tensordict_utils as tu
+from single_controller.base import Worker
+from single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+
+
+class Doubler(Worker):
+    def __init__(self):
+        super().__init__()
+        self._register_dispatch_collect_info("actor", dp_rank=self.rank // 2, is_collect=self.rank % 2 == 0)
+        self.rows = 0
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def double(self, data):
+        who = torch.full((len(data),), self.rank)
+        if isinstance(data, DataProto):
+            data.batch["x"] = data.batch["x"] * 2
+            data.batch["who"] = who
+            return data
+        values, offsets, ragged_dim = tu.jagged_parts(data["ids"])
+        ids = tu.jagged_from_parts(values * 2, offsets, ragged_dim)
+        return tu.get_tensordict({"ids": ids, "x": data["x"] * 2, "who": who, "tags": tu.get(data, "tags")},
+                                 {"scale": tu.get(data, "scale", 1) * 2})
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def learn(self, data):
+        self.rows += len(data)
+        return data
+
+    @register(Dispatch.ONE_TO_ALL)
+    def rows_seen(self):
+        return self.rows
+'''
+
+MESH_DEPLOYMENT = {
+    "name": "meshes",
+    "groups": [{"name": "doubler", "worker": "my_meshes.workers:Doubler",
+                "pool": {"process_on_nodes": [4], "name_prefix": "mesh"}, "read_only": ["double", "rows_seen"]}],
+}
+
+#: The third service's snapshot interval (calls per snapshot).
+SNAPSHOT_EVERY = 100
+
+
+def _small_deployments() -> list[dict]:
+    """test_actor on 2 ranks and the plain accumulator actor, from serve_config.yaml."""
+    args = yaml.safe_load(Path(CONFIG).read_text())["applications"][0]["args"]
+    test_actor = next(d for d in args["deployments"] if d["name"] == "test_actor")
+    test_actor = {"name": "test_actor",
+                  "groups": [{**test_actor["groups"][0], "pool": {"process_on_nodes": [2]}}]}
+    accumulators = next(d for d in args["deployments"] if d["name"] == "accumulators")
+    accumulators = {**accumulators, "groups": [g for g in accumulators["groups"] if g["name"] == "accumulator"]}
+    return [test_actor, accumulators]
+
+
+@pytest.fixture(scope="session")
+def small_service(tmp_path_factory):
+    """The third service (the state store's bounds, and a group that declares a mesh):
+    test_actor on 2 ranks, the plain accumulator, the mesh deployment from a package
+    outside the project, snapshots every 100 calls, a SQLite file of its own
+    (``.state_path``). Started by its first user, stopped after its last."""
+    packages = tmp_path_factory.mktemp("mesh-workers")
+    (packages / "my_meshes").mkdir()
+    (packages / "my_meshes" / "__init__.py").write_text("")
+    (packages / "my_meshes" / "workers.py").write_text(textwrap.dedent(MESH_WORKERS))
+    state = tmp_path_factory.mktemp("small-state") / "state.db"
+    proc = ServeProcess(overrides={"deployments": [*_small_deployments(), MESH_DEPLOYMENT],
+                                   "state": {"snapshot_every": SNAPSHOT_EVERY}},
+                        env={"PYTHONPATH": str(packages)}, state_path=state)
+    proc.state_path = state
+    try:
+        yield proc.start()
+    finally:
+        proc.stop()
+
+
 @pytest.fixture(scope="session")
 def second_service(tmp_path_factory):
     """The second service's ``serve run``, launched by the first test that asks for it
@@ -106,7 +191,25 @@ def limited(second_service):
     return second_service.ensure_launched().wait_ready()  # readiness is an open route: no token needed
 
 
+#: Fixtures that mean a test runs on a session service (the first or the second).
+SESSION_FIXTURES = ("service",)
+SECOND_FIXTURES = ("limited", "second_service")
+
+
+def _service_rank(fixtures: set[str]) -> int:
+    session, second = bool(fixtures.intersection(SESSION_FIXTURES)), bool(fixtures.intersection(SECOND_FIXTURES))
+    return 3 if second and not session else 2 if second else 1 if session else 0
+
+
 def pytest_collection_modifyitems(items):
+    # Every module passes alone and in any order; this order only keeps at most two Ray
+    # clusters on the machine at once: modules with a service of their own run first,
+    # each alone, then those on the session's service, then those on both, then those on
+    # the second alone (each session service stops after its last user).
+    fixtures_of_module: dict[str, set[str]] = {}
+    for item in items:
+        fixtures_of_module.setdefault(item.nodeid.split("::", 1)[0], set()).update(item.fixturenames)
+    items.sort(key=lambda item: _service_rank(fixtures_of_module[item.nodeid.split("::", 1)[0]]))  # stable
     for item in items:  # the last test to use each service stops it (see below)
         for name in SERVICES:
             if name in item.fixturenames:
@@ -116,7 +219,7 @@ def pytest_collection_modifyitems(items):
 #: Session services told to stop (Ctrl-C) as soon as their last test is done, so that an
 #: idle service takes no CPU from the starts of the next ones. The next test does not wait
 #: for the shutdown; the fixture's own stop() at the end of the session does.
-SERVICES = ("service", "second_service")
+SERVICES = ("service", "second_service", "small_service")
 LAST_USER: dict[str, str] = {}
 
 

@@ -1,24 +1,45 @@
-"""End to end: `controllers_in_ingress: true`, the controllers inside the ingress replica
-(one Serve hop fewer per call), on the second service (tests/e2e/conftest.py). Its
-declared deployments answer as the usual service does: group calls in order, group
-details, OIP models, and jobs (which reach the controllers through the ingress)."""
+"""End to end: both layouts of the controllers answer alike. The shipped config (the
+session's service: one ingress replica) hosts every controller inside its ingress replica
+(``controllers_in_ingress: auto``); the second service scales the ingress out to two
+replicas, so its controllers run in replicas of their own. On each: group calls in order,
+group details, an OIP model and a job (which reaches the controllers through the ingress)
+give the tutorial's numbers, and Ray's own actor list shows the layout."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
+from collections import Counter
+
+#: Serve's replica actors are named ``SERVE_REPLICA::<app>#<deployment>#<id>``.
+REPLICAS = """
+import json, sys, ray
+ray.init(address=sys.argv[1], logging_level="ERROR")
+from ray.util import list_named_actors
+names = [a["name"] for a in list_named_actors(all_namespaces=True) if a["name"].startswith("SERVE_REPLICA::")]
+print(json.dumps([n.split("#")[1] for n in names if n.count("#") == 2]))
+"""
+
+
+def replicas(proc) -> Counter:
+    """Replicas per deployment of a running service, read from Ray's actor list."""
+    listed = subprocess.run([sys.executable, "-c", REPLICAS, proc.gcs_address()], capture_output=True, text=True,
+                            timeout=120)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    return Counter(json.loads(listed.stdout.strip().splitlines()[-1]))
 
 
 def values(http, group):
     return [item["data"][0] for item in http.post(f"/v1/groups/{group}/get_value", json={}).json()["output"]]
 
 
-def test_calls_details_models_and_jobs_with_the_controllers_in_the_ingress(limited, client):
-    http = client
-    assert limited.overrides["controllers_in_ingress"] is True
-    assert values(http, "gpu_accumulator") == [0.0, 1.0, 2.0, 3.0]
+def calls_details_models_and_jobs(http) -> None:
+    before = values(http, "gpu_accumulator")
     for _ in range(3):
         assert http.post("/v1/groups/gpu_accumulator/add", json={"kwargs": {"x": [1, 1, 1, 1]}}).status_code == 200
-    assert values(http, "gpu_accumulator") == [3.0, 4.0, 5.0, 6.0]
+    assert values(http, "gpu_accumulator") == [v + 3 for v in before]
     detail = http.get("/v1/groups/test_actor").json()
     assert detail["status"] == "ready" and [r["rank"] for r in detail["ranks"]] == [0, 1, 2, 3]
     assert http.post("/v1/groups/test_actor/foo", json={"kwargs": {"y": 3}}).json()["output"] == [5, 5, 5, 5]
@@ -32,4 +53,19 @@ def test_calls_details_models_and_jobs_with_the_controllers_in_the_ingress(limit
         assert time.monotonic() < deadline
         time.sleep(0.2)
     assert http.get(f"/v1/jobs/{job['id']}").json()["status"] == "succeeded"
-    assert values(http, "gpu_accumulator") == [5.0, 6.0, 7.0, 8.0]
+    assert values(http, "gpu_accumulator") == [v + 5 for v in before]
+
+
+def test_the_shipped_config_hosts_the_controllers_in_its_one_ingress_replica(service, http):
+    calls_details_models_and_jobs(http)
+    layout = replicas(service)
+    assert layout["ingress"] == 1, layout
+    assert not {"accumulators", "test_actor", "mlp"} & set(layout), layout  # no controller replicas
+
+
+def test_a_scaled_out_ingress_keeps_the_controllers_in_replicas_of_their_own(limited, client):
+    assert limited.overrides["ingress_replicas"] == 2
+    calls_details_models_and_jobs(client)
+    layout = replicas(limited)
+    assert layout["ingress"] == 2, layout
+    assert layout["accumulators"] == 1 and layout["test_actor"] == 1, layout

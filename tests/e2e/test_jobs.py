@@ -101,6 +101,9 @@ def test_jobs_survive_the_ingress_replica_restarting(service, http):
     assert answer is not None and answer.status_code == 200
     assert answer.json()["status"] == "succeeded"
     assert http.get(f"/v1/jobs/{job['id']}/result").status_code == 200
+    # The shipped layout hosts the controllers in the ingress: its restart rebuilt every
+    # group, and the tests after this one find them all serving again.
+    service.wait_ready(timeout_s=300)
 
 
 def test_cli_runs_a_job_with_progress(service, http):

@@ -1,13 +1,12 @@
 """A group whose worker declares a mesh, served from YAML alone (a worker package in a
-temporary directory on PYTHONPATH, a service of its own): its mesh-dispatched methods
+temporary directory on PYTHONPATH): its mesh-dispatched methods
 called over HTTP with a DataProto body and with TensorDict bodies holding a jagged tensor
 (JSON and safetensors, both ways), a mutating one journaled, the mesh's dp size and
 collecting ranks in GET /v1/groups/{group}, and the ``_query_*`` methods a group asks its
-ranks out of a caller's reach."""
+ranks out of a caller's reach. The group (``doubler``: 4 ranks, mesh "actor" dp=2 x tp=2,
+tp rank 0 answering for its dp rank) is served by the third service (tests/e2e/conftest.py)."""
 
 from __future__ import annotations
-
-import textwrap
 
 import httpx
 import pytest
@@ -15,51 +14,6 @@ import torch
 
 from hybridflow.wire.safetensors_call import decode_output_body, encode_call_body
 from single_controller.protocol import DataProto
-from tests.serve_process import ServeProcess
-
-#: Four ranks: mesh "actor" is dp=2 x tp=2, tp rank 0 answers for its dp rank.
-MESH_WORKERS = '''
-import torch
-
-from single_controller import DataProto
-from single_controller import tensordict_utils as tu
-from single_controller.base import Worker
-from single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
-
-
-class Doubler(Worker):
-    def __init__(self):
-        super().__init__()
-        self._register_dispatch_collect_info("actor", dp_rank=self.rank // 2, is_collect=self.rank % 2 == 0)
-        self.rows = 0
-
-    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
-    def double(self, data):
-        who = torch.full((len(data),), self.rank)
-        if isinstance(data, DataProto):
-            data.batch["x"] = data.batch["x"] * 2
-            data.batch["who"] = who
-            return data
-        values, offsets, ragged_dim = tu.jagged_parts(data["ids"])
-        ids = tu.jagged_from_parts(values * 2, offsets, ragged_dim)
-        return tu.get_tensordict({"ids": ids, "x": data["x"] * 2, "who": who, "tags": tu.get(data, "tags")},
-                                 {"scale": tu.get(data, "scale", 1) * 2})
-
-    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
-    def learn(self, data):
-        self.rows += len(data)
-        return data
-
-    @register(Dispatch.ONE_TO_ALL)
-    def rows_seen(self):
-        return self.rows
-'''
-
-DEPLOYMENT = {
-    "name": "meshes",
-    "groups": [{"name": "doubler", "worker": "my_meshes.workers:Doubler",
-                "pool": {"process_on_nodes": [4], "name_prefix": "mesh"}, "read_only": ["double", "rows_seen"]}],
-}
 
 ROWS = [[1, 2, 3], [4], [5, 6, 7, 8], [9, 10]]
 X = [1.5, -2.0, 3.0, 4.25]
@@ -67,21 +21,8 @@ TAGS = ["a", ["b", 1], None, {"c": True}]
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    packages = tmp_path_factory.mktemp("mesh-workers")
-    (packages / "my_meshes").mkdir()
-    (packages / "my_meshes" / "__init__.py").write_text("")
-    (packages / "my_meshes" / "workers.py").write_text(textwrap.dedent(MESH_WORKERS))
-    proc = ServeProcess(overrides={"deployments": [DEPLOYMENT]}, env={"PYTHONPATH": str(packages)},
-                        state_path=tmp_path_factory.mktemp("mesh-state") / "state.db")
-    proc.start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
-def http(served):
-    with httpx.Client(base_url=served.url, timeout=120) as client:
+def http(small_service):
+    with httpx.Client(base_url=small_service.url, timeout=120) as client:
         yield client
 
 

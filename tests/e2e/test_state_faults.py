@@ -1,5 +1,6 @@
-"""The state store's bounds on a live service of its own (test_actor on 2 ranks and the
-plain ``accumulator`` actor, snapshots every 100 calls, a SQLite file): a call nested as
+"""The state store's bounds on a live service (the third service of tests/e2e/conftest.py:
+test_actor on 2 ranks and the plain ``accumulator`` actor, snapshots every 100 calls, a
+SQLite file): a call nested as
 deep as the wire takes does not stop snapshots; a job sent twice with one Idempotency-Key
 runs once; a stored call whose replay raises leaves its group failed (with the reason,
 no rebuild loop) while the others serve, until ``POST /v1/admin/groups/{group}/reset``."""
@@ -10,39 +11,15 @@ import time
 
 import httpx
 import pytest
-import yaml
 
 from hybridflow.state.backends import open_store
 from hybridflow.state.codec import encode_call
-from tests.serve_process import CONFIG, ServeProcess
-
-EVERY = 100
-
-
-def _deployments() -> list[dict]:
-    args = yaml.safe_load(CONFIG.read_text())["applications"][0]["args"]
-    test_actor = next(d for d in args["deployments"] if d["name"] == "test_actor")
-    test_actor = {"name": "test_actor",
-                  "groups": [{**test_actor["groups"][0], "pool": {"process_on_nodes": [2]}}]}
-    accumulators = next(d for d in args["deployments"] if d["name"] == "accumulators")
-    accumulators = {**accumulators, "groups": [g for g in accumulators["groups"] if g["name"] == "accumulator"]}
-    return [test_actor, accumulators]
+from tests.e2e.conftest import SNAPSHOT_EVERY
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    state = tmp_path_factory.mktemp("faults-state") / "state.db"
-    proc = ServeProcess(overrides={"deployments": _deployments(), "state": {"snapshot_every": EVERY}},
-                        state_path=state)
-    proc.start()
-    proc.state_path = state
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
-def http(served):
-    with httpx.Client(base_url=served.url, timeout=120) as client:
+def http(small_service):
+    with httpx.Client(base_url=small_service.url, timeout=120) as client:
         yield client
 
 
@@ -51,10 +28,10 @@ def test_a_call_as_deep_as_the_wire_takes_does_not_stop_snapshots(http):
     for _ in range(98):  # 99 levels in the call's body: as deep as limits.max_depth allows
         item = [item]
     assert http.post("/v1/groups/test_actor/record", json={"kwargs": {"item": item}}).status_code == 200
-    for i in range(EVERY + 10):
+    for i in range(SNAPSHOT_EVERY + 10):
         assert http.post("/v1/groups/test_actor/record", json={"kwargs": {"item": i}}).status_code == 200
     deadline = time.monotonic() + 60
-    while (group := http.get("/v1/groups/test_actor").json())["journal_length"] > EVERY:
+    while (group := http.get("/v1/groups/test_actor").json())["journal_length"] > SNAPSHOT_EVERY:
         assert time.monotonic() < deadline, group
         time.sleep(0.5)
     assert group["snapshot_error"] is None
@@ -93,10 +70,10 @@ def wait_status(http: httpx.Client, group: str, status: str, timeout_s: float = 
         time.sleep(0.5)
 
 
-def test_a_replay_that_raises_fails_its_group_until_an_operator_resets_it(served, http):
+def test_a_replay_that_raises_fails_its_group_until_an_operator_resets_it(small_service, http):
     assert http.post("/v1/groups/accumulator/add", json={"args": [4]}).json()["output"] is None
     # A stored call that raises when it is replayed (as a deleted checkpoint would)
-    with open_store(str(served.state_path)) as store:
+    with open_store(str(small_service.state_path)) as store:
         store.record_call("accumulators/accumulator", 2**40, encode_call("add", ("not a number",), {}))
     # A mutating call that raises restores the group from the store: that replay raises
     assert http.post("/v1/groups/accumulator/add", json={"args": ["x"]}).status_code == 422
