@@ -136,7 +136,33 @@ class ServeProcess:
         """Start ``serve run`` and wait until ``ready_path`` answers 200. ``fresh``
         overrides the instance's setting for this start. Stored state that no longer fits
         a group stops it at once (RuntimeError with the service's message)."""
-        return self.launch(fresh).wait_ready(timeout_s, ready_path)
+        for attempt in range(3):
+            try:
+                return self.launch(fresh).wait_ready(timeout_s, ready_path)
+            except RuntimeError:
+                # A port picked as free may be taken by the time Serve binds it (by one of
+                # the ephemeral ports Ray's own processes bind): start again on others.
+                if attempt == 2 or "Failed to bind to address" not in self.output():
+                    raise
+                self._pick_other_ports()
+        raise AssertionError("unreachable")
+
+    def output(self) -> str:
+        """What this ``serve run`` printed since its last launch."""
+        self.log.flush()
+        with open(self.log.name, errors="replace") as log:
+            log.seek(self._log_start)
+            return log.read()
+
+    def _pick_other_ports(self) -> None:
+        if self.port != 8000:
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+        if self.grpc_port is not None and self.grpc_port != self._declared_grpc_port:
+            self.grpc_port = free_port()
+            self.grpc_address = f"127.0.0.1:{self.grpc_port}"
+        if "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT" in self.env:
+            self.env.update(haproxy_files())
 
     def launch(self, fresh: bool | None = None) -> ServeProcess:
         """Start ``serve run`` without waiting for it (``wait_ready`` waits)."""

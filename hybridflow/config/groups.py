@@ -150,6 +150,11 @@ class BatchingConfig(_Strict):
 
     max_batch_size: int = Field(1, ge=1, description="requests in one group call; 1: no batching")
     max_queue_delay_microseconds: int = Field(0, ge=0, description="longest a request waits for others")
+    wait_when_idle: bool = Field(
+        True,
+        description="whether a request that finds no batch of its model running waits for others (Triton's "
+        "behaviour); false: it leaves at once, and batches form from the requests that arrive while one runs",
+    )
     batch_dim: int = Field(
         0, ge=0, description="the dimension requests are concatenated along (1 for [seq, batch, hidden])"
     )

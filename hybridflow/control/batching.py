@@ -6,7 +6,9 @@ different shapes or dtypes never share a batch. One batch of a model runs on its
 a time; a batch leaves when the group is free and either ``max_batch_size`` requests of
 one kind wait or the oldest of them has waited ``max_delay_s`` (at most: less by up to
 the loop's timer resolution, ``TIMER_SLACK_S``, rather than more). While a batch runs, the
-requests that arrive form the next one. A batch is the requests' tensors concatenated
+requests that arrive form the next one. With ``wait_when_idle=False`` a request that finds
+no batch of its model running leaves at once instead of waiting for others: a lone
+request costs no delay, and under load batches still form while a batch runs. A batch is the requests' tensors concatenated
 along ``batch_dim``, sent as one call; the output is split back along the same dimension,
 each request getting a tensor of its own (a copy, not a view of the batch's output).
 
@@ -85,6 +87,7 @@ class Batcher:
         batch_dim: int = 0,
         row_multiple: int = 1,
         max_in_flight: int = 1,
+        wait_when_idle: bool = True,
     ) -> None:
         if min(max_batch_size, row_multiple, max_in_flight) < 1 or max_delay_s < 0 or batch_dim < 0:
             raise ValueError(
@@ -97,6 +100,7 @@ class Batcher:
         self.batch_dim = batch_dim
         self.row_multiple = row_multiple
         self.max_in_flight = max_in_flight
+        self.wait_when_idle = wait_when_idle
         self._queues: dict[tuple, list[_Waiting]] = {}
         self._in_flight = 0
         self._wake = asyncio.Event()  # a request arrived or a batch finished
@@ -136,13 +140,15 @@ class Batcher:
 
     def _next(self, now: float) -> tuple[tuple | None, float | None]:
         """The kind whose batch should leave now (full, or its oldest waited long
-        enough; the oldest first), else the earliest time one will be due."""
+        enough, or nothing runs and idle groups do not wait; the oldest first), else the
+        earliest time one will be due."""
         due_key, due_at, wake_at = None, None, None
+        leave_now = not self.wait_when_idle and self._in_flight == 0
         for key, queue in self._queues.items():
             oldest = queue[0].arrived
             # due a timer's rounding early, so that the wait never runs past the delay
             deadline = oldest + self.max_delay_s - TIMER_SLACK_S
-            if len(queue) >= self.max_batch_size or deadline <= now:
+            if leave_now or len(queue) >= self.max_batch_size or deadline <= now:
                 if due_at is None or oldest < due_at:
                     due_key, due_at = key, oldest
             elif wake_at is None or deadline < wake_at:

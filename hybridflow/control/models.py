@@ -33,7 +33,8 @@ class ModelServer:
         self.batchers = {
             m.name: Batcher(functools.partial(self._run, m), m.batching.max_batch_size,
                             m.batching.max_queue_delay_microseconds / 1e6, m.batching.batch_dim,
-                            row_multiple=_tensor_parallel_size(controller, m.group))
+                            row_multiple=_tensor_parallel_size(controller, m.group),
+                            wait_when_idle=m.batching.wait_when_idle)
             for m in models if m.batching.max_batch_size > 1
         }
 

@@ -130,6 +130,37 @@ def test_a_lone_request_leaves_after_the_delay_without_others():
     assert len(group.calls) == 1
 
 
+def test_without_waiting_when_idle_a_lone_request_leaves_at_once_and_later_ones_batch_behind_it():
+    """wait_when_idle=False: the first request finds nothing running and leaves without the
+    (here 60 s) delay; those that arrive while it runs leave together when it is done."""
+    gate = asyncio.Event()
+    group = Group(gate=gate)
+    xs = [torch.randn(4, 2) for _ in range(4)]
+
+    async def main():
+        batcher = Batcher(group.run, max_batch_size=8, max_delay_s=60.0, wait_when_idle=False)
+        first = asyncio.ensure_future(batcher.submit(xs[0]))
+        while not group.calls:  # it left alone, without waiting for the delay
+            await asyncio.sleep(0)
+        later = [asyncio.ensure_future(batcher.submit(x)) for x in xs[1:]]
+        await asyncio.sleep(0.01)
+        assert len(group.calls) == 1 and batcher.waiting() == 3  # held while the first runs
+        gate.set()
+        return await asyncio.wait_for(asyncio.gather(first, *later), timeout=30)
+
+    answers = run(main())
+    assert [list(c.shape) for c in group.calls] == [[4, 2], [12, 2]]
+    assert [a.batch_size for a in answers] == [1, 3, 3, 3]
+    assert all(torch.equal(a.output, alone(x)) for a, x in zip(answers, xs, strict=True))
+
+
+def test_waiting_when_idle_is_the_default_and_the_config_can_turn_it_off():
+    assert Batcher(Group().run, max_batch_size=2, max_delay_s=0.0).wait_when_idle is True
+    args = {"deployments": [{"name": "d", "groups": [COUNTER], "models": [
+        {**MODEL, "batching": {"max_batch_size": 8, "max_queue_delay_microseconds": 500, "wait_when_idle": False}}]}]}
+    assert load_config(args).deployments[0].models[0].batching.wait_when_idle is False
+
+
 def test_the_delay_is_a_maximum_a_batch_due_within_the_timer_slack_leaves_now():
     """The loop's timers fire up to a millisecond late (epoll sleeps in whole ms), so a
     batch whose deadline is nearer than that leaves now rather than after the deadline."""
