@@ -7,6 +7,7 @@ tutorial's numbers whatever an earlier run left in the state store."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -36,13 +37,19 @@ def _default_sigint() -> None:
 HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 
 
+#: The direct-ingress port blocks of this process's runs, from a random first one.
+_PORT_BLOCKS = itertools.count(random.randrange(120))
+
+
 def haproxy_files() -> dict[str, str]:
     """HAProxy's files and side ports of one run's own, so that several ``serve run``s
     share a machine; a short directory, as HAProxy's socket paths are at most 97 bytes.
     The replicas' direct-ingress ports come from a block of this run's own (between Ray's
     worker ports and the kernel's ephemeral range), as do the fallback proxy's."""
     base = Path(tempfile.mkdtemp(prefix="hfhap", dir="/tmp"))
-    block = random.randrange(20000, 32000, 100)
+    # Blocks in turn, never the same twice in one process: two services whose replicas
+    # took the same port on different addresses would answer each other's HAProxy.
+    block = 20000 + 100 * (next(_PORT_BLOCKS) % 120)
     return {
         "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(block),
         "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(block + 49),
