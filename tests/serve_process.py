@@ -21,8 +21,6 @@ from pathlib import Path
 import httpx
 import yaml
 
-from single_controller.rendezvous import free_port
-
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "serve_config.yaml"
 
@@ -37,40 +35,47 @@ def _default_sigint() -> None:
 HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 
 
-#: The direct-ingress port blocks of this process's runs, from a random first one.
-_PORT_BLOCKS = itertools.count(random.randrange(120))
+#: Ports are drawn from blocks of 200 between Ray's worker ports (10002-19999) and the
+#: kernel's ephemeral range, where no process binds a port it did not ask for: a port
+#: picked as free in the ephemeral range can be taken by one of Ray's own processes before
+#: Serve or HAProxy binds it. One block per run, in turn, never the same twice in one
+#: process (two services whose replicas took the same port on different addresses would
+#: answer each other's HAProxy).
+_PORT_BLOCKS = itertools.count(random.randrange(60))
+BLOCK_PORTS = 200
 
 
-def haproxy_files() -> dict[str, str]:
+def port_block() -> int:
+    """The first port of a block this process has not used yet."""
+    return 20000 + BLOCK_PORTS * (next(_PORT_BLOCKS) % 60)
+
+
+def haproxy_files(block: int) -> dict[str, str]:
     """HAProxy's files and side ports of one run's own, so that several ``serve run``s
     share a machine; a short directory, as HAProxy's socket paths are at most 97 bytes.
-    The replicas' direct-ingress ports come from a block of this run's own (between Ray's
-    worker ports and the kernel's ephemeral range), as do the fallback proxy's."""
+    The replicas' direct-ingress ports and the side ports come from the run's block."""
     base = Path(tempfile.mkdtemp(prefix="hfhap", dir="/tmp"))
-    # Blocks in turn, never the same twice in one process: two services whose replicas
-    # took the same port on different addresses would answer each other's HAProxy.
-    block = 20000 + 100 * (next(_PORT_BLOCKS) % 120)
     return {
         "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(block),
         "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(block + 49),
         "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(block + 50),
         "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(block + 99),
-        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(free_port()),
-        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(free_port()),
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(block + 100),
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(block + 101),
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(base / "haproxy.cfg"),
         "RAY_SERVE_HAPROXY_SOCKET_PATH": str(base / "admin.sock"),
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(base),
         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(base / "server-state"),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(block + 102),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(block + 103),
     }
 
 
-def serve_path_env() -> dict[str, str]:
+def serve_path_env(block: int | None = None) -> dict[str, str]:
     """The environment of a ``serve run`` that takes the shipped request path."""
     if os.environ.get("SC_SERVE_HAPROXY", "1") == "0":
         return {}
-    return {**HAPROXY_ENV, **haproxy_files()}
+    return {**HAPROXY_ENV, **haproxy_files(port_block() if block is None else block)}
 
 
 def port_free(port: int) -> bool:
@@ -98,7 +103,8 @@ class ServeProcess:
         running at once keep their state apart."""
         self.source = config
         self.changed = bool(overrides) or deployments is not None
-        self.port = 8000 if port_free(8000) and not self.changed else free_port()
+        self._block = port_block()
+        self.port = 8000 if port_free(8000) and not self.changed else self._block + 104
         # The gRPC proxy's port: the config's own (9000) where it is free and the config is
         # used as it is, else one picked like the HTTP port (None: the config has no gRPC).
         grpc_options = (yaml.safe_load(config.read_text()) or {}).get("grpc_options")
@@ -106,14 +112,14 @@ class ServeProcess:
         self.grpc_port: int | None = None
         if self._declared_grpc_port is not None:
             as_is = self.port == 8000 and not self.changed and port_free(self._declared_grpc_port)
-            self.grpc_port = self._declared_grpc_port if as_is else free_port()
+            self.grpc_port = self._declared_grpc_port if as_is else self._block + 105
         self.overrides, self.deployments = overrides, deployments
         self.config = config
         self.fresh = fresh
         self.url = f"http://127.0.0.1:{self.port}"
         #: ``host:port`` of the gRPC proxy, as tritonclient.grpc takes it (None without gRPC).
         self.grpc_address = None if self.grpc_port is None else f"127.0.0.1:{self.grpc_port}"
-        self.env = {**os.environ, "RAY_ADDRESS": "local", "RAY_DEDUP_LOGS": "0", **serve_path_env(), **(env or {})}
+        self.env = {**os.environ, "RAY_ADDRESS": "local", "RAY_DEDUP_LOGS": "0", **serve_path_env(self._block), **(env or {})}
         if state_path is not None:
             location = os.fspath(state_path)
             self.env["SC_STATE_PATH"] = location if "://" in location else os.path.abspath(location)
@@ -162,14 +168,15 @@ class ServeProcess:
             return log.read()
 
     def _pick_other_ports(self) -> None:
+        self._block = port_block()
         if self.port != 8000:
-            self.port = free_port()
+            self.port = self._block + 104
             self.url = f"http://127.0.0.1:{self.port}"
         if self.grpc_port is not None and self.grpc_port != self._declared_grpc_port:
-            self.grpc_port = free_port()
+            self.grpc_port = self._block + 105
             self.grpc_address = f"127.0.0.1:{self.grpc_port}"
         if "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT" in self.env:
-            self.env.update(haproxy_files())
+            self.env.update(haproxy_files(self._block))
 
     def launch(self, fresh: bool | None = None) -> ServeProcess:
         """Start ``serve run`` without waiting for it (``wait_ready`` waits)."""
