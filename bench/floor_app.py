@@ -45,14 +45,31 @@ def rank_actors(worker: str, ranks: int, num_cpus: float = 0.05) -> list[Any]:
     return actors
 
 
+def _importer() -> Any:
+    import ray
+
+    @ray.remote
+    class Importer:
+        """A rank process that imports its worker class's module, as a rank does, and
+        constructs nothing (the classes' own init arguments differ)."""
+
+        def __init__(self, worker: str) -> None:
+            import_class(worker)
+
+    return Importer
+
+
 def start_ranks(workers: dict[str, int], num_cpus: float = 0.05) -> float:
     """Seconds from nothing to every rank of ``{worker class: ranks}`` answering, in this
-    process: ``ray.init`` and one actor process per rank, as the service starts them."""
+    process: ``ray.init`` and one actor process per rank importing its class, as the
+    service starts them."""
     import ray
 
     started = time.perf_counter()
     ray.init(address="local", include_dashboard=False, log_to_driver=False)
-    actors = [a for worker, ranks in workers.items() for a in rank_actors(worker, ranks, num_cpus)]
+    importer = _importer()
+    actors = [importer.options(num_cpus=num_cpus).remote(worker) for worker, ranks in workers.items()
+              for _ in range(ranks)]
     ray.get([a.__ray_ready__.remote() for a in actors])
     took = time.perf_counter() - started
     ray.shutdown()
