@@ -43,15 +43,19 @@ def grpc_vs_http(
     shape: tuple[int, ...] = MLP_SHAPE,
     token: str | None = None,
     warmup: int = 5,
+    application: str | None = None,
 ) -> dict[str, Any]:
     """p50 of ``n`` `mlp` inferences over each path (``url``: the service's HTTP address,
     ``grpc_address``: ``host:port`` of its gRPC proxy; ``token``: the bearer token when the
-    service has one). ``grpc_over_http`` is the ratio of the p50s (below 1: gRPC faster)."""
+    service has one; ``application``: the Serve application's name, which Serve's gRPC
+    routing needs where a config has several). ``grpc_over_http`` is the ratio of the p50s
+    (below 1: gRPC faster)."""
     import tritonclient.grpc as tritongrpc
     import tritonclient.http as tritonhttp
 
     x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
     headers = {"authorization": f"Bearer {token}"} if token else None
+    grpc_headers = {**(headers or {}), **({"application": application} if application else {})} or None
     over_http = tritonhttp.InferenceServerClient(url.removeprefix("http://").removeprefix("https://"))
     over_grpc = tritongrpc.InferenceServerClient(grpc_address)
     http_input = tritonhttp.InferInput("x", list(shape), "FP32")
@@ -64,7 +68,7 @@ def grpc_vs_http(
         return over_http.infer("mlp", [http_input], outputs=http_output, headers=headers).as_numpy("y")
 
     def grpc_call() -> np.ndarray:
-        return over_grpc.infer("mlp", [grpc_input], headers=headers).as_numpy("y")
+        return over_grpc.infer("mlp", [grpc_input], headers=grpc_headers).as_numpy("y")
 
     try:
         same = bool(np.array_equal(http_call(), grpc_call()))
