@@ -355,7 +355,7 @@ def companion_lines(results: Mapping[str, Any], directory: Path | None) -> list[
             lines += settings_lines(data)
         elif path.name == "call_cpu.json":
             lines += call_cpu_lines(data)
-        elif "layer" in data or "infer" in data:
+        elif isinstance(data.get("layer"), Mapping) or "infer" in data:  # bench.gpu (weight_sync names its layer)
             lines += gpu_lines(path.name, data)
         elif "targets" in data:
             lines += run_lines(path.name, data)
