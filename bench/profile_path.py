@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
 import subprocess
 import sys
@@ -56,21 +55,10 @@ PARTS = [
 IDLE = ("select (selectors.py", "epoll", "_run_once (asyncio", "wait (threading.py", "_worker (concurrent")
 
 
-def ingress_pids(serve_pid: int) -> list[int]:
+def ingress_pids(proc: ServeProcess) -> list[int]:
     """The ingress replica's process of this ``serve run`` (by Ray's process title)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.getsid(int(entry.name)) != serve_pid:
-                continue
-            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, ProcessLookupError):
-            continue
-        if "ServeReplica" in title and ":ingress" in title:
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, argv in proc.processes().items()
+            if b"ServeReplica" in b" ".join(argv) and b":ingress" in b" ".join(argv)]
 
 
 async def load(url: str, path: str, body: bytes, headers: dict[str, str], clients: int, seconds: float) -> int:
@@ -152,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     proc, path, body, headers = target(options.target)
     proc.start()
     try:
-        pids = ingress_pids(proc.proc.pid)
+        pids = ingress_pids(proc)
         if not pids:
             raise RuntimeError("no ingress replica process found")
         asyncio.run(load(proc.url, path, body, headers, options.clients, 3.0))  # warm

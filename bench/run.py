@@ -642,7 +642,7 @@ def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
 
             try:
                 out.update(grpc_vs_http(proc.url, proc.grpc_address, n=20 if quick else 60, application="hybridflow"))
-            except Exception as exc:  # the other figures stand; the page says why this one is missing
+            except Exception as exc:  # the other figures stand; latest.json says why this one is missing
                 out["grpc_error"] = f"{type(exc).__name__}: {exc}"
     finally:
         proc.stop()

@@ -21,6 +21,8 @@ from pathlib import Path
 import httpx
 import yaml
 
+from single_controller.rendezvous import RENDEZVOUS_PORT_LOW
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "serve_config.yaml"
 
@@ -41,13 +43,17 @@ HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 #: Serve or HAProxy binds it. One block per run, in turn, never the same twice in one
 #: process (two services whose replicas took the same port on different addresses would
 #: answer each other's HAProxy).
-_PORT_BLOCKS = itertools.count(random.randrange(60))
 BLOCK_PORTS = 200
+#: The first port of each block (20000 up to 32000, below every common ephemeral range).
+BLOCK_STARTS = range(RENDEZVOUS_PORT_LOW, 32000, BLOCK_PORTS)
+_PORT_BLOCKS = itertools.count(random.randrange(len(BLOCK_STARTS)))
+#: Where a run's own HTTP and gRPC ports sit in its block (after the replicas' and the side ports).
+HTTP_IN_BLOCK, GRPC_IN_BLOCK = 104, 105
 
 
 def port_block() -> int:
     """The first port of a block this process has not used yet."""
-    return 20000 + BLOCK_PORTS * (next(_PORT_BLOCKS) % 60)
+    return BLOCK_STARTS[next(_PORT_BLOCKS) % len(BLOCK_STARTS)]
 
 
 def haproxy_files(block: int) -> dict[str, str]:
@@ -71,11 +77,12 @@ def haproxy_files(block: int) -> dict[str, str]:
     }
 
 
-def serve_path_env(block: int | None = None) -> dict[str, str]:
-    """The environment of a ``serve run`` that takes the shipped request path."""
+def serve_path_env() -> dict[str, str]:
+    """The environment of a ``serve run`` that takes the shipped request path (its ports
+    come with the run's block: ``ServeProcess`` adds them)."""
     if os.environ.get("SC_SERVE_HAPROXY", "1") == "0":
         return {}
-    return {**HAPROXY_ENV, **haproxy_files(port_block() if block is None else block)}
+    return dict(HAPROXY_ENV)
 
 
 def port_free(port: int) -> bool:
@@ -103,23 +110,18 @@ class ServeProcess:
         running at once keep their state apart."""
         self.source = config
         self.changed = bool(overrides) or deployments is not None
-        self._block = port_block()
-        self.port = 8000 if port_free(8000) and not self.changed else self._block + 104
-        # The gRPC proxy's port: the config's own (9000) where it is free and the config is
-        # used as it is, else one picked like the HTTP port (None: the config has no gRPC).
+        # The config's own ports (8000, and 9000 for gRPC) where they are free and the config
+        # is used as it is, else the run's block's (gRPC None: the config has no gRPC).
         grpc_options = (yaml.safe_load(config.read_text()) or {}).get("grpc_options")
         self._declared_grpc_port = None if grpc_options is None else int(grpc_options.get("port", 9000))
-        self.grpc_port: int | None = None
-        if self._declared_grpc_port is not None:
-            as_is = self.port == 8000 and not self.changed and port_free(self._declared_grpc_port)
-            self.grpc_port = self._declared_grpc_port if as_is else self._block + 105
+        self._as_declared = port_free(8000) and not self.changed
+        self._grpc_as_declared = (self._as_declared and self._declared_grpc_port is not None
+                                  and port_free(self._declared_grpc_port))
         self.overrides, self.deployments = overrides, deployments
         self.config = config
         self.fresh = fresh
-        self.url = f"http://127.0.0.1:{self.port}"
-        #: ``host:port`` of the gRPC proxy, as tritonclient.grpc takes it (None without gRPC).
-        self.grpc_address = None if self.grpc_port is None else f"127.0.0.1:{self.grpc_port}"
-        self.env = {**os.environ, "RAY_ADDRESS": "local", "RAY_DEDUP_LOGS": "0", **serve_path_env(self._block), **(env or {})}
+        self.env = {**os.environ, "RAY_ADDRESS": "local", "RAY_DEDUP_LOGS": "0", **serve_path_env(), **(env or {})}
+        self._use_block(port_block())
         if state_path is not None:
             location = os.fspath(state_path)
             self.env["SC_STATE_PATH"] = location if "://" in location else os.path.abspath(location)
@@ -157,7 +159,7 @@ class ServeProcess:
                 # the ephemeral ports Ray's own processes bind): start again on others.
                 if attempt == 2 or "Failed to bind to address" not in self.output():
                     raise
-                self._pick_other_ports()
+                self._use_block(port_block())
         raise AssertionError("unreachable")
 
     def output(self) -> str:
@@ -167,16 +169,17 @@ class ServeProcess:
             log.seek(self._log_start)
             return log.read()
 
-    def _pick_other_ports(self) -> None:
-        self._block = port_block()
-        if self.port != 8000:
-            self.port = self._block + 104
-            self.url = f"http://127.0.0.1:{self.port}"
-        if self.grpc_port is not None and self.grpc_port != self._declared_grpc_port:
-            self.grpc_port = self._block + 105
-            self.grpc_address = f"127.0.0.1:{self.grpc_port}"
-        if "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT" in self.env:
-            self.env.update(haproxy_files(self._block))
+    def _use_block(self, block: int) -> None:
+        """Take this run's ports (those not as the config declares them) from ``block``."""
+        self.port = 8000 if self._as_declared else block + HTTP_IN_BLOCK
+        self.grpc_port: int | None = None
+        if self._declared_grpc_port is not None:
+            self.grpc_port = self._declared_grpc_port if self._grpc_as_declared else block + GRPC_IN_BLOCK
+        self.url = f"http://127.0.0.1:{self.port}"
+        #: ``host:port`` of the gRPC proxy, as tritonclient.grpc takes it (None without gRPC).
+        self.grpc_address = None if self.grpc_port is None else f"127.0.0.1:{self.grpc_port}"
+        if self.env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":  # HAProxy's files and side ports
+            self.env.update(haproxy_files(block))
 
     def launch(self, fresh: bool | None = None) -> ServeProcess:
         """Start ``serve run`` without waiting for it (``wait_ready`` waits)."""
@@ -215,7 +218,7 @@ class ServeProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"serve run exited with {self.proc.returncode}:\n{self.tail()}")
-            refused = self._refusal(self._log_start)
+            refused = self._refusal()
             if refused:
                 self.stop()
                 raise RuntimeError(f"serve run refused to start: {refused}")
@@ -228,26 +231,29 @@ class ServeProcess:
         self.stop()
         raise TimeoutError(f"service not ready within {timeout_s:g} s:\n{self.tail()}")
 
-    def _refusal(self, since: int) -> str | None:
+    def _refusal(self) -> str | None:
         """The controller's StateMismatchError, if this start's output has one."""
-        with open(self.log.name, errors="replace") as log:
-            log.seek(since)
-            for line in log:
-                if "StateMismatchError: " in line:
-                    return line.split("StateMismatchError: ", 1)[1].strip()
+        for line in self.output().splitlines():
+            if "StateMismatchError: " in line:
+                return line.split("StateMismatchError: ", 1)[1].strip()
         return None
 
-    def _raylet_arg(self, name: bytes) -> str:
-        """A command-line value of the raylet this ``serve run`` started."""
+    def processes(self) -> dict[int, list[bytes]]:
+        """The command lines of this ``serve run``'s processes (its session's), by pid."""
+        found: dict[int, list[bytes]] = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:
-                if os.getsid(int(entry.name)) != self.proc.pid:
-                    continue
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                if os.getsid(int(entry.name)) == self.proc.pid:
+                    found[int(entry.name)] = (entry / "cmdline").read_bytes().split(b"\0")
             except (OSError, ProcessLookupError):
                 continue
+        return found
+
+    def _raylet_arg(self, name: bytes) -> str:
+        """A command-line value of the raylet this ``serve run`` started."""
+        for argv in self.processes().values():
             for arg in argv:
                 if arg.startswith(name + b"="):
                     return arg.split(b"=", 1)[1].decode()

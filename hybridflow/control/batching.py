@@ -8,9 +8,10 @@ one kind wait or the oldest of them has waited ``max_delay_s`` (at most: less by
 the loop's timer resolution, ``TIMER_SLACK_S``, rather than more). While a batch runs, the
 requests that arrive form the next one. With ``wait_when_idle=False`` a request that finds
 no batch of its model running leaves at once instead of waiting for others: a lone
-request costs no delay, and under load batches still form while a batch runs. A batch is the requests' tensors concatenated
-along ``batch_dim``, sent as one call; the output is split back along the same dimension,
-each request getting a tensor of its own (a copy, not a view of the batch's output).
+request costs no delay, and under load batches still form while a batch runs. A batch is
+the requests' tensors concatenated along ``batch_dim``, sent as one call; the output is
+split back along the same dimension, each request getting a tensor of its own (a copy,
+not a view of the batch's output).
 
 Only for row-wise methods: a method whose output rows along ``batch_dim`` depend on the
 matching input rows alone (an MLP layer, echo), so that each answer is the one the

@@ -130,15 +130,29 @@ MESH_DEPLOYMENT = {
 SNAPSHOT_EVERY = 100
 
 
+def shipped_deployment(name: str, groups: tuple[str, ...] | None = None) -> dict:
+    """serve_config.yaml's deployment ``name``, with only the named groups if given."""
+    args = yaml.safe_load(Path(CONFIG).read_text())["applications"][0]["args"]
+    deployment = next(d for d in args["deployments"] if d["name"] == name)
+    if groups is None:
+        return deployment
+    return {**deployment, "groups": [g for g in deployment["groups"] if g["name"] in groups]}
+
+
+def write_package(root: Path, name: str, source: str) -> Path:
+    """A one-module package ``name`` (``name.workers``) under ``root``; returns ``root``."""
+    (root / name).mkdir()
+    (root / name / "__init__.py").write_text("")
+    (root / name / "workers.py").write_text(textwrap.dedent(source))
+    return root
+
+
 def _small_deployments() -> list[dict]:
     """test_actor on 2 ranks and the plain accumulator actor, from serve_config.yaml."""
-    args = yaml.safe_load(Path(CONFIG).read_text())["applications"][0]["args"]
-    test_actor = next(d for d in args["deployments"] if d["name"] == "test_actor")
+    test_actor = shipped_deployment("test_actor")
     test_actor = {"name": "test_actor",
                   "groups": [{**test_actor["groups"][0], "pool": {"process_on_nodes": [2]}}]}
-    accumulators = next(d for d in args["deployments"] if d["name"] == "accumulators")
-    accumulators = {**accumulators, "groups": [g for g in accumulators["groups"] if g["name"] == "accumulator"]}
-    return [test_actor, accumulators]
+    return [test_actor, shipped_deployment("accumulators", ("accumulator",))]
 
 
 @pytest.fixture(scope="session")
@@ -147,10 +161,7 @@ def small_service(tmp_path_factory):
     test_actor on 2 ranks, the plain accumulator, the mesh deployment from a package
     outside the project, snapshots every 100 calls, a SQLite file of its own
     (``.state_path``). Started by its first user, stopped after its last."""
-    packages = tmp_path_factory.mktemp("mesh-workers")
-    (packages / "my_meshes").mkdir()
-    (packages / "my_meshes" / "__init__.py").write_text("")
-    (packages / "my_meshes" / "workers.py").write_text(textwrap.dedent(MESH_WORKERS))
+    packages = write_package(tmp_path_factory.mktemp("mesh-workers"), "my_meshes", MESH_WORKERS)
     state = tmp_path_factory.mktemp("small-state") / "state.db"
     proc = ServeProcess(overrides={"deployments": [*_small_deployments(), MESH_DEPLOYMENT],
                                    "state": {"snapshot_every": SNAPSHOT_EVERY}},
@@ -166,14 +177,9 @@ def small_service(tmp_path_factory):
 def second_service(tmp_path_factory):
     """The second service's ``serve run``, launched by the first test that asks for it
     (not waited for: ``limited`` waits until it is ready)."""
-    packages = tmp_path_factory.mktemp("outside")
-    (packages / "my_counters").mkdir()
-    (packages / "my_counters" / "__init__.py").write_text("")
-    (packages / "my_counters" / "workers.py").write_text(textwrap.dedent(OWN_WORKERS))
-    args = yaml.safe_load(Path(CONFIG).read_text())["applications"][0]["args"]
-    test_actor = next(d for d in args["deployments"] if d["name"] == "test_actor")
-    accumulators = next(d for d in args["deployments"] if d["name"] == "accumulators")
-    accumulators = {**accumulators, "groups": [g for g in accumulators["groups"] if g["name"] == "gpu_accumulator"]}
+    packages = write_package(tmp_path_factory.mktemp("outside"), "my_counters", OWN_WORKERS)
+    test_actor = shipped_deployment("test_actor")
+    accumulators = shipped_deployment("accumulators", ("gpu_accumulator",))
     proc = ServeProcess(
         overrides={"max_body_bytes": 1024, "request_timeout_s": 3, "ingress_replicas": 2,
                    "deployments": [test_actor, accumulators, OWN_DEPLOYMENT]},
