@@ -65,7 +65,7 @@ def service(tmp_path_factory):
     try:
         yield proc
     finally:
-        proc.stop()
+        proc.kill()
 
 
 @pytest.fixture(scope="module")

@@ -220,7 +220,7 @@ class ServeProcess:
                 raise RuntimeError(f"serve run exited with {self.proc.returncode}:\n{self.tail()}")
             refused = self._refusal()
             if refused:
-                self.stop()
+                self.kill()
                 raise RuntimeError(f"serve run refused to start: {refused}")
             try:
                 if httpx.get(f"{self.url}{ready_path}", timeout=5).status_code == 200:
@@ -228,7 +228,7 @@ class ServeProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(2)
-        self.stop()
+        self.kill()
         raise TimeoutError(f"service not ready within {timeout_s:g} s:\n{self.tail()}")
 
     def _refusal(self) -> str | None:
@@ -280,6 +280,19 @@ class ServeProcess:
             self._interrupted = True
         return self
 
+    def kill(self) -> None:
+        """SIGKILL every process of this ``serve run``'s session (its Ray cluster included),
+        without the shutdown Ctrl-C runs: for a test's teardown, where nothing after it reads
+        the service and its graceful stop would only cost time."""
+        if self.proc is not None:
+            for pid in self.processes():  # serve run's own and its cluster's, even after serve run exited
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.proc.wait(timeout=30)
+        self._forget_config()
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.begin_stop()  # once: a second Ctrl-C would cut the shutdown short
@@ -288,6 +301,9 @@ class ServeProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=30)
+        self._forget_config()
+
+    def _forget_config(self) -> None:
         if self.config != self.source:
             self.config.unlink(missing_ok=True)
             self.config = self.source

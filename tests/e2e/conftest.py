@@ -170,7 +170,7 @@ def small_service(tmp_path_factory):
     try:
         yield proc.start()
     finally:
-        proc.stop()
+        proc.kill()
 
 
 @pytest.fixture(scope="session")
@@ -189,7 +189,7 @@ def second_service(tmp_path_factory):
     try:
         yield proc
     finally:
-        proc.stop()
+        proc.kill()
 
 
 @pytest.fixture(scope="session")
@@ -222,9 +222,9 @@ def pytest_collection_modifyitems(items):
                 LAST_USER[name] = item.nodeid
 
 
-#: Session services told to stop (Ctrl-C) as soon as their last test is done, so that an
-#: idle service takes no CPU from the starts of the next ones. The next test does not wait
-#: for the shutdown; the fixture's own stop() at the end of the session does.
+#: Session services ended (their processes killed: no test reads them after) as soon as
+#: their last test is done, so that an idle or shutting-down service takes no CPU from the
+#: starts of the next ones.
 SERVICES = ("service", "second_service", "small_service")
 LAST_USER: dict[str, str] = {}
 
@@ -232,7 +232,7 @@ LAST_USER: dict[str, str] = {}
 def pytest_runtest_teardown(item, nextitem):
     for name in SERVICES:
         if nextitem is not None and LAST_USER.get(name) == item.nodeid and name in item.funcargs:
-            item.funcargs[name].begin_stop()
+            item.funcargs[name].kill()
 
 
 @pytest.fixture(scope="session")

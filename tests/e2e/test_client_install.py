@@ -5,6 +5,7 @@ answers, and the client's own tests pass there against the running service."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -19,21 +20,28 @@ SERVER_PACKAGES = {"ray", "fastapi", "megatron-core", "uvicorn", "tensordict", "
 
 @pytest.fixture(scope="module")
 def client_venv(tmp_path_factory):
+    """A fresh venv with the client installed; the install runs in the background while
+    the service (the next fixture) starts, and the test waits for both."""
     directory = tmp_path_factory.mktemp("client-install")
     source = directory / "source"  # a copy, so the build leaves nothing in the checkout
     shutil.copytree(ROOT / "hybridflow-client", source,
                     ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info", ".ruff_cache"))
-    subprocess.run([sys.executable, "-m", "venv", str(directory / "venv")], check=True, timeout=120)
     python = directory / "venv" / "bin" / "python"
-    install = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", f"{source}[test]"],
-                             capture_output=True, text=True, timeout=540)
-    assert install.returncode == 0, install.stderr[-3000:]
-    return python, source
+    install = subprocess.Popen(
+        f"{shlex.quote(sys.executable)} -m venv {shlex.quote(str(directory / 'venv'))} && "
+        f"{shlex.quote(str(python))} -m pip install --quiet --no-compile {shlex.quote(str(source) + '[test]')}",
+        shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    yield install, python, source
+    if install.poll() is None:
+        install.kill()
 
 
 @pytest.mark.timeout(900)
 def test_the_client_installs_alone_and_its_tests_pass_against_the_service(client_venv, service):
-    python, source = client_venv
+    install, python, source = client_venv
+    output, _ = install.communicate(timeout=540)
+    assert install.returncode == 0, output[-3000:]
     installed = subprocess.run([str(python), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True,
                                check=True).stdout.lower()
     names = {line.split("==")[0] for line in installed.splitlines()}

@@ -1,5 +1,6 @@
 """Long calls as jobs on the live service: submit, progress, result (JSON and safetensors),
-cancel, and job state that outlives the ingress replica."""
+cancel, and the CLI's job command (a job's state outliving the ingress replica is in
+test_state_faults.py)."""
 
 from __future__ import annotations
 
@@ -66,44 +67,6 @@ def test_unfinished_cancelled_and_unknown_jobs(http):
     bad_split = http.post("/v1/jobs/mlp/run_layer?split=4", json={"args": [[1, 2]]})
     assert bad_split.status_code == 422, bad_split.text
     time.sleep(3)  # let the cancelled piece finish on the workers
-
-
-KILL_INGRESS = """
-import sys, ray
-ray.init(address=sys.argv[1], logging_level="ERROR")
-from ray.util import list_named_actors
-names = [a for a in list_named_actors(all_namespaces=True) if "#ingress#" in a["name"]]
-assert names, list_named_actors(all_namespaces=True)
-for entry in names:
-    ray.kill(ray.get_actor(entry["name"], namespace=entry["namespace"]), no_restart=True)
-print(len(names))
-"""
-
-
-def test_jobs_survive_the_ingress_replica_restarting(service, http):
-    x = torch.rand(8, 1, SMALL["hidden_size"])
-    job = http.post("/v1/jobs/mlp/run_layer", content=save({"x.0": x}),
-                    headers={"Content-Type": "application/x-safetensors"}).json()
-    wait_for(http, job["id"])
-    gcs = service.gcs_address()
-    killed = subprocess.run([sys.executable, "-c", KILL_INGRESS, gcs], capture_output=True, text=True, timeout=120)
-    assert killed.returncode == 0, killed.stderr[-2000:]
-    deadline = time.monotonic() + 120
-    answer = None
-    while time.monotonic() < deadline:
-        try:
-            answer = http.get(f"/v1/jobs/{job['id']}", timeout=10)
-            if answer.status_code == 200:
-                break
-        except Exception:
-            pass
-        time.sleep(1)
-    assert answer is not None and answer.status_code == 200
-    assert answer.json()["status"] == "succeeded"
-    assert http.get(f"/v1/jobs/{job['id']}/result").status_code == 200
-    # The shipped layout hosts the controllers in the ingress: its restart rebuilt every
-    # group, and the tests after this one find them all serving again.
-    service.wait_ready(timeout_s=300)
 
 
 def test_cli_runs_a_job_with_progress(service, http):

@@ -3,10 +3,14 @@ test_actor on 2 ranks and the plain ``accumulator`` actor, snapshots every 100 c
 SQLite file): a call nested as
 deep as the wire takes does not stop snapshots; a job sent twice with one Idempotency-Key
 runs once; a stored call whose replay raises leaves its group failed (with the reason,
-no rebuild loop) while the others serve, until ``POST /v1/admin/groups/{group}/reset``."""
+no rebuild loop) while the others serve, until ``POST /v1/admin/groups/{group}/reset``;
+a finished job's state outlives the ingress replica (which, as shipped, hosts the
+controllers: its restart rebuilds every group from the store)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import httpx
@@ -93,3 +97,47 @@ def test_a_replay_that_raises_fails_its_group_until_an_operator_resets_it(small_
     assert reset.status_code == 202, reset.text
     wait_status(http, "accumulator", "ready")
     assert http.post("/v1/groups/accumulator/get_value", json={}).json()["output"] == 0  # fresh
+
+
+KILL_INGRESS = """
+import sys, ray
+ray.init(address=sys.argv[1], logging_level="ERROR")
+from ray.util import list_named_actors
+names = [a for a in list_named_actors(all_namespaces=True) if "#ingress#" in a["name"]]
+assert names, list_named_actors(all_namespaces=True)
+for entry in names:
+    ray.kill(ray.get_actor(entry["name"], namespace=entry["namespace"]), no_restart=True)
+print(len(names))
+"""
+
+
+def test_a_finished_job_and_the_groups_state_survive_the_ingress_replica_restarting(small_service, http):
+    job = http.post("/v1/jobs/test_actor/record", json={"kwargs": {"item": "before the restart"}}).json()
+    deadline = time.monotonic() + 60
+    while http.get(f"/v1/jobs/{job['id']}").json()["status"] != "succeeded":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    length = record(http, "last before the restart")
+    killed = subprocess.run([sys.executable, "-c", KILL_INGRESS, small_service.gcs_address()],
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode == 0, killed.stderr[-2000:]
+    # Serve restarts the replica, which rebuilds every group from the store: until then a
+    # call gets no answer or a 5xx (the key makes a retry of an answered call a repeat)
+    deadline = time.monotonic() + 300
+    while True:
+        assert time.monotonic() < deadline, "the service never came back"
+        try:
+            after = http.post("/v1/groups/test_actor/record", json={"kwargs": {"item": "first after the restart"}},
+                              headers={"Idempotency-Key": "first-after-the-restart"})
+            if after.status_code == 200:
+                break
+            assert after.status_code >= 500, after.text
+        except httpx.TransportError:
+            pass
+        time.sleep(1)
+    assert after.json()["output"][0] == length + 1  # the history came back whole
+    answer = http.get(f"/v1/jobs/{job['id']}")
+    assert answer.status_code == 200 and answer.json()["status"] == "succeeded"
+    result = http.get(f"/v1/jobs/{job['id']}/result")
+    assert result.status_code == 200 and len(result.json()["output"]) == 2
+    small_service.wait_ready(timeout_s=300)

@@ -1,10 +1,11 @@
-"""Restarts of the service with durable state, end to end (SQLite, and a Redis server the
-test starts, for the killed replica): under load from 4 clients, (1) the ``accumulators``
-controller-hosting replica (the ingress, in the shipped layout) is killed with Ray's API, and (2) ``serve run`` is stopped with
-SIGINT and started again. Calls answer 503 with Retry-After while the controller comes
-back, and afterwards every rank holds exactly its start value plus the acknowledged adds.
-(3) A start with a group's world size changed is refused with an error naming the group,
-the change and the fix, instead of replaying the stored state into the wrong shape.
+"""Restarts of the service with durable state, end to end, under load from 4 clients: (1)
+the replica that hosts the ``accumulators`` controller (the ingress, in the shipped
+layout) is killed with Ray's API, with a Redis server the test starts as the store, and
+(2) ``serve run`` is stopped with SIGINT and started again, on SQLite. Calls answer 503
+with Retry-After while the controller comes back, and afterwards every rank holds exactly
+its start value plus the acknowledged adds. (3) A start with a group's world size changed
+is refused with an error naming the group, the change and the fix, instead of replaying
+the stored state into the wrong shape.
 
 The clients send every add with an Idempotency-Key and retry it until it is answered:
 an add in flight when the controller died may have been recorded without its answer
@@ -12,7 +13,7 @@ reaching the client (in doubt), and the retry resolves it (the first answer if i
 recorded, applied now if not), so "acknowledged" is exact.
 
 The service is the tutorial's ``accumulators`` deployment cut to two groups (the plain
-actor and a pool of 2) so that the five starts stay short; the full deployment's restore
+actor and a pool of 2) so that the four starts stay short; the full deployment's restore
 is the same code.
 """
 
@@ -70,7 +71,7 @@ def restartable(request, tmp_path_factory):
     proc.start()
     proc.state_location = location
     yield proc
-    proc.stop()
+    proc.kill()
 
 
 def values(client: httpx.Client) -> dict[str, list[float]]:
@@ -147,6 +148,9 @@ class Load:
         return {g: [v + self.acknowledged[g] * s for v, s in zip(start[g], STEP[g], strict=True)] for g in GROUPS}
 
 
+# On Redis: the store that outlives the service (the SIGINT restart below restores from
+# SQLite; the store's contract is checked on both backends in tests/unit/test_state_store.py).
+@pytest.mark.parametrize("restartable", ["redis"], indirect=True)
 def test_killed_controller_replica_comes_back_with_every_acknowledged_add(restartable):
     # The shipped layout: the controllers live in the one ingress replica, so that is the
     # replica whose death loses them; while Serve restarts it, its proxy answers 5xx itself.
@@ -168,8 +172,7 @@ def test_killed_controller_replica_comes_back_with_every_acknowledged_add(restar
         assert values(client) == load.expected(start)
 
 
-# On SQLite: the store that lives in a file of serve run's own (a Redis server outlives
-# the service either way; the killed replica above restores from both backends).
+# On SQLite: the store that lives in a file of serve run's own.
 @pytest.mark.parametrize("restartable", ["sqlite"], indirect=True)
 def test_serve_run_stopped_with_sigint_and_started_again_restores_every_group(restartable):
     with httpx.Client(base_url=restartable.url, timeout=60) as client:
@@ -188,7 +191,7 @@ def test_serve_run_stopped_with_sigint_and_started_again_restores_every_group(re
 # stored metadata is compared on every backend in tests/unit/test_state_store.py).
 @pytest.mark.parametrize("restartable", ["sqlite"], indirect=True)
 def test_a_group_whose_world_size_changed_is_refused_at_start_naming_it_and_the_fix(restartable):
-    restartable.begin_stop()  # Ctrl-C; the changed start reads the stored state while it shuts down
+    restartable.kill()  # the changed start reads what the store holds
     changed = ServeProcess(overrides={"deployments": [_accumulators(gpu_ranks=1)]}, fresh=False,
                            state_path=restartable.state_location)
     with pytest.raises(RuntimeError) as refused:

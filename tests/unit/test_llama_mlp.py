@@ -394,8 +394,9 @@ def test_each_rank_draws_only_its_shard(ranks):
     for rec in records:
         growth, shard = rec["build_peak_growth"]
         assert shard == full // tp
-        # the shard and some slack; drawing the master first would add `full` (tp=1: 2x)
-        assert growth < shard + full // 4, (growth, shard)
+        # the shard and some slack (torch's and megatron's first allocations: up to 32 MB
+        # seen); drawing the master first would add `full` (tp=1: 2x)
+        assert growth < shard + full // 2, (growth, shard)
 
 
 def _transformers_mlp(model, layer_index: int):
