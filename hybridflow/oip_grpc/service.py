@@ -208,20 +208,25 @@ class OipGrpcService:
                 f"the request is {size} bytes, over the limit of {self.settings.max_message_bytes} "
                 "(max_body_bytes)",
             )
-        request = await _off_loop(size, _parse, incoming, pb.ModelInferRequest)
-        outputs = self._model(request.model_name, request.model_version)
-        call = await _off_loop(size, _decode, request, self.settings.limits)
-        try:
-            chosen = chosen_outputs(call, outputs)
-        except WireError as exc:
-            raise GrpcError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        result = await self.backend.infer(request.model_name, call.inputs)
+        call, chosen = await _off_loop(size, self._read, incoming)  # one trip off the loop, not two
+        result = await self.backend.infer(call.model, call.inputs)
         if result.error is not None:
             raise GrpcError.of(result.error)
         answer_size = sum(
             t.numel() * t.element_size() for t in result.outputs.values() if isinstance(t, torch.Tensor)
         )
         return await _off_loop(answer_size, _encode, call, chosen, result)
+
+    def _read(self, incoming: Incoming) -> tuple[InferCall, list[str]]:
+        """The request parsed, its model checked, then its tensors decoded; the call and
+        the outputs it asks for."""
+        request = _parse(incoming, pb.ModelInferRequest)
+        outputs = self._model(request.model_name, request.model_version)
+        call = _decode(request, self.settings.limits)
+        try:
+            return call, chosen_outputs(call, outputs)
+        except WireError as exc:
+            raise GrpcError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
 
     def _authorize(self, context: CallContext) -> None:
         token = self.settings.auth_token
