@@ -85,10 +85,11 @@ def haproxy_files(block: int) -> dict[str, str]:
 
 def serve_path_env() -> dict[str, str]:
     """The environment of a ``serve run`` that takes the shipped request path (its ports
-    come with the run's block: ``ServeProcess`` adds them)."""
+    come with the run's block: ``ServeProcess`` adds them). A setting already in the
+    environment is kept, so a run can try other values."""
     if os.environ.get("SC_SERVE_HAPROXY", "1") == "0":
         return {}
-    return dict(HAPROXY_ENV)
+    return {key: os.environ.get(key, value) for key, value in HAPROXY_ENV.items()}
 
 
 def port_free(port: int) -> bool:
