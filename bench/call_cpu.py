@@ -22,7 +22,7 @@ from typing import Any
 
 from bench.cold_start import _processes
 from bench.hops import small_config
-from bench.run import post_concurrently
+from bench.http_figures import post_concurrently
 from tests.serve_process import ROOT, ServeProcess
 
 CALLS = {

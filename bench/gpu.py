@@ -146,7 +146,7 @@ def gpu_serve_config() -> Path:
     """``bench.run``'s config with the ``mlp`` deployment alone, at tp=1 on a GPU bundle."""
     import yaml
 
-    from bench.run import bench_config
+    from bench.http_figures import bench_config
 
     document = yaml.safe_load(bench_config().read_text())
     app = document["applications"][0]
@@ -173,7 +173,7 @@ def bench_infer(quick: bool) -> dict[str, Any]:
     import httpx
     import numpy as np
 
-    from bench.run import BATCH_CLIENTS, BATCH_SHAPE, bench_batching, oip_body
+    from bench.http_figures import BATCH_CLIENTS, BATCH_SHAPE, bench_batching, oip_body
     from tests.serve_process import ServeProcess
 
     proc = ServeProcess(config=gpu_serve_config())

@@ -84,7 +84,7 @@ def target(name: str) -> tuple[ServeProcess, str, bytes, dict[str, str]]:
     import torch
 
     from bench.gpu import gpu_serve_config
-    from bench.run import BATCH_SHAPE, oip_body
+    from bench.http_figures import BATCH_SHAPE, oip_body
 
     body, headers = oip_body("x", torch.rand(*BATCH_SHAPE), binary_output=True)
     return ServeProcess(config=gpu_serve_config()), INFER, body, headers

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import yaml
 
-from bench.run import rank_processes
+from bench.http_figures import rank_processes
 from tests.serve_process import CONFIG
 
 

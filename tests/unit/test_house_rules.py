@@ -174,6 +174,12 @@ def test_no_module_is_over_the_size_limit():
     assert long == {}
 
 
+def test_no_bench_or_example_module_is_over_the_size_limit():
+    files = [*(ROOT / "bench").rglob("*.py"), *(ROOT / "examples").rglob("*.py")]
+    long = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
+
 #: Development history has no place in the repository's text: the commit log holds it.
 HISTORY = re.compile(
     r"\b(this|previous|last|next) (round|session)\b|\bsessions? ago\b|\bissue #?\d+", re.IGNORECASE
