@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         proc.start(timeout_s=600)
         out = {name: measure(proc, path, body, options.clients, options.seconds) for name, (path, body) in CALLS.items()}
     finally:
-        proc.stop()
+        proc.kill()
         shutil.rmtree(directory, ignore_errors=True)
     text = json.dumps(out, indent=1)
     (ROOT / "bench" / "results" / "call_cpu.json").write_text(text + "\n")

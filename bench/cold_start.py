@@ -153,7 +153,7 @@ def profile(config: Path, env: dict[str, str], ready_path: str = "/readyz") -> d
             "machine_busy_fraction": (busy1 - busy0) / max(total1 - total0, 1e-9),
         })
     finally:
-        proc.stop()
+        proc.kill()
         copy.unlink(missing_ok=True)
     return result
 

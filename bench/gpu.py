@@ -209,7 +209,7 @@ def bench_infer(quick: bool) -> dict[str, Any]:
                                                  {"ingress": "hybridflow_ingress"}, "run_layer", 50, headers=headers,
                                                  ranks=1)
     finally:
-        proc.stop()
+        proc.kill()
     return out
 
 

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = grpc_vs_http(service.url, service.grpc_address, args.n)
         finally:
-            service.stop()
+            service.kill()
     print(json.dumps(result, indent=1))
     return 0
 

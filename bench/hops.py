@@ -199,7 +199,7 @@ def compare_settings(n: int, names: list[str], rounds: int = 5) -> dict[str, Any
             except Exception as exc:
                 entry = {"error": f"{type(exc).__name__}: {exc}", "log": proc.tail(20)}
             finally:
-                proc.stop()
+                proc.kill()
             results[name] = entry
             print(name, json.dumps(entry, indent=1), flush=True)
     return results

@@ -183,7 +183,7 @@ def cold_start_floor(config: Path) -> float:
 def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     noop_cold, noop_proc = cold_start(noop_only_config(), "/noop/ready")
-    noop_proc.stop()
+    noop_proc.kill()
     out["cold_start_floor_s"] = cold_start_floor(bench_config())
     full_cold, proc = cold_start(bench_config(), "/readyz")
     out["cold_start_noop_s"] = noop_cold
@@ -274,7 +274,7 @@ def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
             except Exception as exc:  # the other figures stand; latest.json says why this one is missing
                 out["grpc_error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        proc.stop()
+        proc.kill()
     return out
 
 

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{calls} calls of {path} from {options.clients} clients in {options.seconds - 2:g} s")
         print(report)
     finally:
-        proc.stop()
+        proc.kill()
     return 0
 
 
