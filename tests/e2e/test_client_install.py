@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,12 +27,16 @@ def client_venv(tmp_path_factory):
     source = directory / "source"  # a copy, so the build leaves nothing in the checkout
     shutil.copytree(ROOT / "hybridflow-client", source,
                     ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info", ".ruff_cache"))
-    python = directory / "venv" / "bin" / "python"
-    install = subprocess.Popen(
-        f"{shlex.quote(sys.executable)} -m venv {shlex.quote(str(directory / 'venv'))} && "
-        f"{shlex.quote(str(python))} -m pip install --quiet --no-compile {shlex.quote(str(source) + '[test]')}",
-        shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    venv, python = directory / "venv", directory / "venv" / "bin" / "python"
+    target = shlex.quote(str(source) + "[test]")
+    uv = Path(sys.executable).parent / "uv"
+    if uv.exists():  # make venv's installer (its cache holds the client's dependencies); pip seeded for pip list
+        command = (f"{uv} venv -q --seed --python {shlex.quote(sys.executable)} {shlex.quote(str(venv))} && "
+                   f"{uv} pip install -q --python {shlex.quote(str(python))} {target}")
+    else:
+        command = (f"{shlex.quote(sys.executable)} -m venv {shlex.quote(str(venv))} && "
+                   f"{shlex.quote(str(python))} -m pip install --quiet --no-compile {target}")
+    install = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     yield install, python, source
     if install.poll() is None:
         install.kill()
