@@ -21,6 +21,16 @@ ray.init(address=sys.argv[1], namespace=sys.argv[2], logging_level="ERROR")
 ray.kill(ray.get_actor(sys.argv[3], namespace=sys.argv[2]), no_restart=True)
 """
 
+KILL_REPLICA = """
+import sys, ray
+ray.init(address=sys.argv[1], logging_level="ERROR")
+names = [a for a in ray.util.list_named_actors(all_namespaces=True)
+         if a["name"].startswith("SERVE_REPLICA::") and "#" + sys.argv[2] + "#" in a["name"]]
+assert len(names) == 1, names
+ray.kill(ray.get_actor(names[0]["name"], namespace=names[0]["namespace"]), no_restart=True)
+print(names[0]["name"])
+"""
+
 METRICS_ENDPOINTS = """
 import json, sys, ray
 ray.init(address=sys.argv[1], logging_level="ERROR")
@@ -31,6 +41,13 @@ print(json.dumps([f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/me
 def kill_actor(service: ServeProcess, namespace: str, name: str) -> None:
     """Kill a named actor of the service's cluster (a worker, as a crash would)."""
     subprocess.run([sys.executable, "-c", KILL, service.gcs_address(), namespace, name], check=True, timeout=120)
+
+
+def kill_replica(service: ServeProcess, deployment: str) -> str:
+    """Kill the one Serve replica of ``deployment`` (as a crash would); its actor name."""
+    killed = subprocess.run([sys.executable, "-c", KILL_REPLICA, service.gcs_address(), deployment],
+                            check=True, timeout=120, capture_output=True, text=True)
+    return killed.stdout.strip().splitlines()[-1]
 
 
 def wait_until_noticed(client: httpx.Client, group: str, probe: str, rebuilds: int, timeout_s: float = 30) -> bool:

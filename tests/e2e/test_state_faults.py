@@ -9,8 +9,6 @@ controllers: its restart rebuilds every group from the store)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import httpx
@@ -18,6 +16,7 @@ import pytest
 
 from hybridflow.state.backends import open_store
 from hybridflow.state.codec import encode_call
+from tests.e2e.cluster import kill_replica
 from tests.e2e.conftest import SNAPSHOT_EVERY
 
 
@@ -99,18 +98,6 @@ def test_a_replay_that_raises_fails_its_group_until_an_operator_resets_it(small_
     assert http.post("/v1/groups/accumulator/get_value", json={}).json()["output"] == 0  # fresh
 
 
-KILL_INGRESS = """
-import sys, ray
-ray.init(address=sys.argv[1], logging_level="ERROR")
-from ray.util import list_named_actors
-names = [a for a in list_named_actors(all_namespaces=True) if "#ingress#" in a["name"]]
-assert names, list_named_actors(all_namespaces=True)
-for entry in names:
-    ray.kill(ray.get_actor(entry["name"], namespace=entry["namespace"]), no_restart=True)
-print(len(names))
-"""
-
-
 def test_a_finished_job_and_the_groups_state_survive_the_ingress_replica_restarting(small_service, http):
     job = http.post("/v1/jobs/test_actor/record", json={"kwargs": {"item": "before the restart"}}).json()
     deadline = time.monotonic() + 60
@@ -118,9 +105,7 @@ def test_a_finished_job_and_the_groups_state_survive_the_ingress_replica_restart
         assert time.monotonic() < deadline
         time.sleep(0.2)
     length = record(http, "last before the restart")
-    killed = subprocess.run([sys.executable, "-c", KILL_INGRESS, small_service.gcs_address()],
-                            capture_output=True, text=True, timeout=120)
-    assert killed.returncode == 0, killed.stderr[-2000:]
+    assert kill_replica(small_service, "ingress").startswith("SERVE_REPLICA::")
     # Serve restarts the replica, which rebuilds every group from the store: until then a
     # call gets no answer or a 5xx (the key makes a retry of an answered call a repeat)
     deadline = time.monotonic() + 300

@@ -19,8 +19,6 @@ is the same code.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -30,23 +28,13 @@ import httpx
 import pytest
 import yaml
 
+from tests.e2e.cluster import kill_replica
 from tests.redis_server import start_redis
 from tests.serve_process import CONFIG, ServeProcess
 
 GROUPS = ("accumulator", "gpu_accumulator")
 ADDS = {"accumulator": {"args": [1]}, "gpu_accumulator": {"kwargs": {"x": [1, 2]}}}
 STEP = {"accumulator": [1], "gpu_accumulator": [1, 2]}
-
-KILL_REPLICA = """
-import sys, ray
-ray.init(address=sys.argv[1], logging_level="ERROR")
-names = [a for a in ray.util.list_named_actors(all_namespaces=True)
-         if a["name"].startswith("SERVE_REPLICA::") and "#" + sys.argv[2] + "#" in a["name"]]
-assert len(names) == 1, names
-ray.kill(ray.get_actor(names[0]["name"], namespace=names[0]["namespace"]), no_restart=True)
-print(names[0]["name"])
-"""
-
 
 def _accumulators(gpu_ranks: int = 2) -> dict:
     args = yaml.safe_load(CONFIG.read_text())["applications"][0]["args"]
@@ -158,9 +146,7 @@ def test_killed_controller_replica_comes_back_with_every_acknowledged_add(restar
         start = values(client)
         with Load(restartable.url) as load:
             time.sleep(2)
-            killed = subprocess.run([sys.executable, "-c", KILL_REPLICA, restartable.gcs_address(), "ingress"],
-                                    check=True, timeout=120, capture_output=True, text=True)
-            assert killed.stdout.startswith("SERVE_REPLICA::")
+            assert kill_replica(restartable, "ingress").startswith("SERVE_REPLICA::")
             time.sleep(2)
             restartable.wait_ready(timeout_s=180)  # /readyz again, after Serve restarted the replica
             time.sleep(1)  # some load on the restored groups
