@@ -17,22 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from bench.timing import timed
+
 MLP_SHAPE = (8, 2, 4096)
-
-
-def _timed(call: Callable[[], Any], n: int) -> list[float]:
-    samples = []
-    for _ in range(n):
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-    return samples
 
 
 def grpc_vs_http(
@@ -78,8 +69,8 @@ def grpc_vs_http(
         http_s: list[float] = []
         grpc_s: list[float] = []
         for _ in range(rounds):
-            grpc_s += _timed(grpc_call, max(1, n // rounds))
-            http_s += _timed(http_call, max(1, n // rounds))
+            grpc_s += timed(grpc_call, max(1, n // rounds), warmup=0)
+            http_s += timed(http_call, max(1, n // rounds), warmup=0)
     finally:
         over_grpc.close()
         over_http.close()
