@@ -7,7 +7,7 @@ tutorial's numbers whatever an earlier run left in the state store."""
 
 from __future__ import annotations
 
-import itertools
+import fcntl
 import os
 import random
 import signal
@@ -46,20 +46,32 @@ HAPROXY_ENV = _haproxy_env()
 #: Ports are drawn from blocks of 200 between Ray's worker ports (10002-19999) and the
 #: kernel's ephemeral range, where no process binds a port it did not ask for: a port
 #: picked as free in the ephemeral range can be taken by one of Ray's own processes before
-#: Serve or HAProxy binds it. One block per run, in turn, never the same twice in one
-#: process (two services whose replicas took the same port on different addresses would
-#: answer each other's HAProxy).
+#: Serve or HAProxy binds it. One block per run, in turn, never the same twice on the
+#: machine while the blocks last, even between test processes running at once (two
+#: services whose replicas took the same port on different addresses would answer each
+#: other's HAProxy).
 BLOCK_PORTS = 200
 #: The first port of each block (20000 up to 32000, below every common ephemeral range).
 BLOCK_STARTS = range(RENDEZVOUS_PORT_LOW, 32000, BLOCK_PORTS)
-_PORT_BLOCKS = itertools.count(random.randrange(len(BLOCK_STARTS)))
+#: The machine's turn counter: the index of the next block, shared by every test process.
+BLOCK_COUNTER = Path(tempfile.gettempdir()) / "hybridflow-test-port-block"
 #: Where a run's own HTTP and gRPC ports sit in its block (after the replicas' and the side ports).
 HTTP_IN_BLOCK, GRPC_IN_BLOCK = 104, 105
 
 
 def port_block() -> int:
-    """The first port of a block this process has not used yet."""
-    return BLOCK_STARTS[next(_PORT_BLOCKS) % len(BLOCK_STARTS)]
+    """The first port of the block whose turn it is on this machine (a counter in a file,
+    taken under an exclusive lock, so that test processes running at once never draw the
+    same block)."""
+    with open(BLOCK_COUNTER, "a+") as counter:
+        fcntl.flock(counter, fcntl.LOCK_EX)
+        counter.seek(0)
+        text = counter.read().strip()
+        turn = int(text) if text.isdigit() else random.randrange(len(BLOCK_STARTS))
+        counter.seek(0)
+        counter.truncate()
+        counter.write(str(turn + 1))
+    return BLOCK_STARTS[turn % len(BLOCK_STARTS)]
 
 
 def haproxy_files(block: int) -> dict[str, str]:
@@ -90,6 +102,10 @@ def serve_path_env() -> dict[str, str]:
     if os.environ.get("SC_SERVE_HAPROXY", "1") == "0":
         return {}
     return {key: os.environ.get(key, value) for key, value in HAPROXY_ENV.items()}
+
+
+#: What a ``serve run`` that failed to start printed, where starting it again helps.
+RETRIED_START_FAILURES = ("Failed to bind to address", "The current node timed out during startup")
 
 
 def port_free(port: int) -> bool:
@@ -163,9 +179,12 @@ class ServeProcess:
                 return self.launch(fresh).wait_ready(timeout_s, ready_path)
             except RuntimeError:
                 # A port picked as free may be taken by the time Serve binds it (by one of
-                # the ephemeral ports Ray's own processes bind): start again on others.
-                if attempt == 2 or "Failed to bind to address" not in self.output():
+                # the ephemeral ports Ray's own processes bind): start again on others. On a
+                # loaded machine Ray's raylet may miss its fixed 30 s to register: again.
+                said = self.output()
+                if attempt == 2 or not any(cause in said for cause in RETRIED_START_FAILURES):
                     raise
+                self.kill()
                 self._use_block(port_block())
         raise AssertionError("unreachable")
 
