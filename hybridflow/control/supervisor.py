@@ -24,6 +24,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,6 +144,10 @@ class Supervisor:
         replay_timeout_s: float = StateConfig().replay_timeout_s,
     ) -> None:
         self.units = units
+        # A thread per unit for its start: the loop's default executor has cpu_count + 4
+        # threads, shared with the store's I/O and every other controller of the process,
+        # so on a small machine some units would wait for others' processes to come up.
+        self._starts = ThreadPoolExecutor(max_workers=max(1, len(units)), thread_name_prefix="unit-start")
         self.request_timeout_s = request_timeout_s
         self.health_timeout_s = health_timeout_s
         self.on_rebuilt = on_rebuilt
@@ -170,7 +175,7 @@ class Supervisor:
     async def _bring_up(self, unit: UnitState) -> int:
         """Start the unit's processes and restore every member's stored state; returns
         the calls replayed. On a failure the new processes are shut down."""
-        groups = await asyncio.to_thread(unit.unit.start)
+        groups = await asyncio.get_running_loop().run_in_executor(self._starts, unit.unit.start)
         for member in unit.members:
             member.group = groups[member.name]
         try:

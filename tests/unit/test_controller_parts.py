@@ -1,14 +1,19 @@
-"""The controller's parts that need no Ray: the journal, the idempotency cache and the
-method catalogue."""
+"""The controller's parts that need no Ray: the journal, the idempotency cache, the
+method catalogue and the supervisor's start of its units."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 
 import pytest
 import torch
 
+from hybridflow.config import GroupConfig
+from hybridflow.control.builder import Unit
 from hybridflow.control.catalogue import EXECUTE_ALL, catalogue, per_rank_problem
+from hybridflow.control.supervisor import READY, GroupState, Supervisor, UnitState
 from hybridflow.state.codec import decode_call, encode_call
 from hybridflow.state.idempotency import IdempotencyCache, IdempotencyConflict, estimate_bytes
 from hybridflow.state.journal import Journal
@@ -202,3 +207,35 @@ def test_per_rank_lists_must_have_one_item_per_rank():
     assert per_rank_problem("add", 4, [], {"x": [1, 1, 1, 1]}) is None
     assert "expected 4 (one per rank), got 3" in per_rank_problem("add", 4, [], {"x": [1, 1, 1]})
     assert "positional argument 0" in per_rank_problem("add", 4, [[1]], {})
+
+
+# -- supervisor -------------------------------------------------------------------------
+
+
+class _NothingStored:
+    async def restore(self, member) -> int:
+        return 0
+
+
+def test_every_unit_starts_at_once_however_many_the_loops_default_executor_has():
+    """Each start blocks until all have begun (as processes coming up take seconds): more
+    units than the default executor's cpu_count + 4 threads must still all be running."""
+    count = min(32, (os.cpu_count() or 1) + 4) + 2
+    all_begun = threading.Barrier(count, timeout=30)
+
+    def unit(name: str) -> UnitState:
+        def start() -> dict[str, object]:
+            all_begun.wait()
+            return {name: object()}
+
+        member = GroupState(config=GroupConfig(name=name, worker="examples.transport_check:TransportCheckActor",
+                                                  plain_actor=True),
+                            methods={}, worker_class="TransportCheckActor", resource_pool="pool",
+                            durability=_NothingStored())
+        state = UnitState(Unit(name, [name], start), [member])
+        member.unit = state
+        return state
+
+    units = [unit(f"g{i}") for i in range(count)]
+    run(Supervisor(units, request_timeout_s=30, health_timeout_s=30).start_all())
+    assert [u.status for u in units] == [READY] * count
