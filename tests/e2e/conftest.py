@@ -207,11 +207,23 @@ def _service_rank(fixtures: set[str]) -> int:
     return 3 if second and not session else 2 if second else 1 if session else 0
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "shipped_service: the test uses the session's service, serve_config.yaml as shipped "
+        "(set from the fixtures it asks for; `make test` runs these tests beside the others)",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the marker set here
 def pytest_collection_modifyitems(items):
     # Every module passes alone and in any order; this order only keeps at most two Ray
     # clusters on the machine at once: modules with a service of their own run first,
     # each alone, then those on the session's service, then those on both, then those on
     # the second alone (each session service stops after its last user).
+    for item in items:
+        if set(SESSION_FIXTURES).intersection(item.fixturenames):
+            item.add_marker(pytest.mark.shipped_service)
     fixtures_of_module: dict[str, set[str]] = {}
     for item in items:
         fixtures_of_module.setdefault(item.nodeid.split("::", 1)[0], set()).update(item.fixturenames)
