@@ -394,6 +394,7 @@ class GroupController:
 
     def shutdown(self) -> None:
         self.weights.shutdown()
+        self.supervisor.shutdown()
         for unit in self.units:
             group = unit.members[0].group
             if group is not None:

@@ -154,6 +154,10 @@ class Supervisor:
         self.replay_timeout_s = replay_timeout_s
 
     # -- start ------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """End the start threads (a start still running finishes; none queued begins)."""
+        self._starts.shutdown(wait=False, cancel_futures=True)
+
     async def start_all(self) -> None:
         """Start every unit at once (each waits seconds for its processes) and restore
         its stored state. A unit that fails is left FAILED (the health check retries it)

@@ -237,5 +237,11 @@ def test_every_unit_starts_at_once_however_many_the_loops_default_executor_has()
         return state
 
     units = [unit(f"g{i}") for i in range(count)]
-    run(Supervisor(units, request_timeout_s=30, health_timeout_s=30).start_all())
+    supervisor = Supervisor(units, request_timeout_s=30, health_timeout_s=30)
+    run(supervisor.start_all())
     assert [u.status for u in units] == [READY] * count
+    supervisor.shutdown()  # the controller's shutdown ends the start threads
+    for thread in threading.enumerate():
+        if thread.name.startswith("unit-start"):
+            thread.join(timeout=10)
+    assert not [t for t in threading.enumerate() if t.name.startswith("unit-start")]
