@@ -78,7 +78,12 @@ def wait_status(controller, group_name: str, status: str, timeout_s: float = 120
 
 
 def kill_a_worker(controller, group_name: str) -> None:
-    ray.kill(controller.groups[group_name].group._workers[1], no_restart=True)
+    worker = controller.groups[group_name].group._workers[1]
+    ray.kill(worker, no_restart=True)
+    # ray.kill returns before the actor is gone: on a loaded machine the next call could
+    # still reach it. Wait until Ray reports it dead.
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(worker.__ray_ready__.remote(), timeout=60)
 
 
 def test_a_mutating_call_that_changed_every_rank_and_raised_is_undone(loop, controller):
