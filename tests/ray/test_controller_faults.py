@@ -80,10 +80,16 @@ def wait_status(controller, group_name: str, status: str, timeout_s: float = 120
 def kill_a_worker(controller, group_name: str) -> None:
     worker = controller.groups[group_name].group._workers[1]
     ray.kill(worker, no_restart=True)
-    # ray.kill returns before the actor is gone: on a loaded machine the next call could
-    # still reach it. Wait until Ray reports it dead.
-    with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(worker.__ray_ready__.remote(), timeout=60)
+    # ray.kill only asks the GCS; until the kill reaches the process, calls still reach the
+    # actor and succeed. Poll until Ray reports it dead.
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            ray.get(worker.__ray_ready__.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            return
+        assert time.monotonic() < deadline, "the killed worker still answers after 60 s"
+        time.sleep(0.2)
 
 
 def test_a_mutating_call_that_changed_every_rank_and_raised_is_undone(loop, controller):
