@@ -6,7 +6,8 @@ the service's ``gpu_accumulator_decorator``), answering ``POST /add`` with an
     python -m bench.floor_app --port 8123 [--ranks 8]
 
 Also the cold-start floor: :func:`start_ranks` starts a given set of worker classes, one
-process each, with the same imports, in one script, and answers when every one answered.
+process each, with the same imports as the service's ranks (megatron.core for a Megatron
+rank), in one script, and answers when every one answered.
 """
 
 from __future__ import annotations
@@ -45,16 +46,35 @@ def rank_actors(worker: str, ranks: int, num_cpus: float = 0.05) -> list[Any]:
     return actors
 
 
+#: What a Megatron rank's construction imports beyond its class's module: the rank sets up
+#: megatron's process groups and builds its layer from megatron.core's parallel layers.
+MEGATRON_RANK_IMPORTS = ("megatron.core.parallel_state", "megatron.core.tensor_parallel")
+
+
+def rank_imports(cls: Any) -> tuple[str, ...]:
+    """The modules a rank of ``cls`` holds once it is up, beyond the class's own module:
+    megatron.core for a Megatron worker (the tutorial's ``@ray.remote`` classes are looked
+    through to the class they wrap)."""
+    from single_controller.megatron.worker import MegatronWorker
+
+    plain = getattr(getattr(cls, "__ray_metadata__", None), "modified_class", cls)
+    return MEGATRON_RANK_IMPORTS if isinstance(plain, type) and issubclass(plain, MegatronWorker) else ()
+
+
 def _importer() -> Any:
     import ray
 
     @ray.remote
     class Importer:
-        """A rank process that imports its worker class's module, as a rank does, and
-        constructs nothing (the classes' own init arguments differ)."""
+        """A rank process that imports what a rank of its worker class imports (the
+        class's module, and megatron.core for a Megatron rank) and constructs nothing (the
+        classes' own init arguments differ)."""
 
         def __init__(self, worker: str) -> None:
-            import_class(worker)
+            import importlib
+
+            for module in rank_imports(import_class(worker)):
+                importlib.import_module(module)
 
     return Importer
 
