@@ -104,6 +104,13 @@ def serve_path_env() -> dict[str, str]:
     return {key: os.environ.get(key, value) for key, value in HAPROXY_ENV.items()}
 
 
+#: Settings of every test run that shorten waits meant for a cluster behind load balancers:
+#: a replica behind HAProxy stays reachable for 30 s when it stops (Serve's default), so
+#: that balancers in front can deregister it. The tests' HAProxy runs on the same node and
+#: drops a stopped replica at once, and every stop of a run (Ctrl-C) would wait the 30 s.
+TEST_RUN_ENV = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
+
+
 #: What a ``serve run`` that failed to start printed, where starting it again helps.
 RETRIED_START_FAILURES = ("Failed to bind to address", "The current node timed out during startup")
 
@@ -143,7 +150,8 @@ class ServeProcess:
         self.overrides, self.deployments = overrides, deployments
         self.config = config
         self.fresh = fresh
-        self.env = {**os.environ, "RAY_ADDRESS": "local", "RAY_DEDUP_LOGS": "0", **serve_path_env(), **(env or {})}
+        self.env = {**os.environ, "RAY_ADDRESS": "local", "RAY_DEDUP_LOGS": "0", **serve_path_env(),
+                    **TEST_RUN_ENV, **(env or {})}
         self._use_block(port_block())
         if state_path is not None:
             location = os.fspath(state_path)
