@@ -32,6 +32,9 @@ from single_controller.ray import (
 
 @ray.remote
 class ModeWorker(Worker):
+    """Answers every dispatch mode with what its rank saw. Batches are answered in their own
+    class (a TensorDict), never named here: a rank that gets no batch never loads tensordict."""
+
     def __init__(self) -> None:
         super().__init__()
         self.history: list = []
@@ -65,12 +68,12 @@ class ModeWorker(Worker):
 
     @register(Dispatch.DP_COMPUTE_PROTO)
     def dp_proto(self, batch):
-        return TensorDict({"x": batch["x"] * 10, "rank": torch.full((batch.batch_size[0],), self.rank)},
+        return type(batch)({"x": batch["x"] * 10, "rank": torch.full((batch.batch_size[0],), self.rank)},
                           batch_size=batch.batch_size)
 
     @register(Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def dp_proto_async(self, batch):
-        return TensorDict({"x": batch["x"] + 1}, batch_size=batch.batch_size)
+        return type(batch)({"x": batch["x"] + 1}, batch_size=batch.batch_size)
 
     @register(Dispatch.MEGATRON_COMPUTE)
     def megatron_compute(self, x):
@@ -78,7 +81,7 @@ class ModeWorker(Worker):
 
     @register(Dispatch.MEGATRON_COMPUTE_PROTO)
     def megatron_proto(self, batch):
-        return TensorDict({"x": batch["x"] * 2}, batch_size=batch.batch_size)
+        return type(batch)({"x": batch["x"] * 2}, batch_size=batch.batch_size)
 
     @register(Dispatch.MEGATRON_PP_AS_DP)
     def pp_as_dp(self, x):
@@ -90,7 +93,7 @@ class ModeWorker(Worker):
 
     @register(Dispatch.ALL_MICRO_DP)
     def micro_dp(self, batch):
-        return TensorDict({"x": batch["x"] - 1}, batch_size=batch.batch_size)
+        return type(batch)({"x": batch["x"] - 1}, batch_size=batch.batch_size)
 
     @register(Dispatch.ONE_TO_ALL, blocking=False)
     def one_to_all_async(self, x):
