@@ -125,7 +125,8 @@ SECTIONS = (
             F("rps_floor_ratio", "the same `add`'s requests/s at 32 clients vs the hand-written app's",
               ("rps_add8_32", "rps_floor_32"), "higher"),
             F("cold_start_floor_ratio", "cold start vs one script starting the same worker processes with the "
-              "same imports", ("cold_start_service_s", "cold_start_floor_s"), "lower"),
+              "same imports (megatron.core in a Megatron rank)", ("cold_start_service_s", "cold_start_floor_s"),
+              "lower"),
         ),
     ),
     Section(
