@@ -55,10 +55,10 @@ def rank_imports(cls: Any) -> tuple[str, ...]:
     """The modules a rank of ``cls`` holds once it is up, beyond the class's own module:
     megatron.core for a Megatron worker (the tutorial's ``@ray.remote`` classes are looked
     through to the class they wrap)."""
+    from single_controller.base.worker_methods import user_class
     from single_controller.megatron.worker import MegatronWorker
 
-    plain = getattr(getattr(cls, "__ray_metadata__", None), "modified_class", cls)
-    return MEGATRON_RANK_IMPORTS if isinstance(plain, type) and issubclass(plain, MegatronWorker) else ()
+    return MEGATRON_RANK_IMPORTS if issubclass(user_class(cls), MegatronWorker) else ()
 
 
 def _importer() -> Any:
