@@ -3,9 +3,9 @@ test_actor on 2 ranks and the plain ``accumulator`` actor, snapshots every 100 c
 SQLite file): a call nested as
 deep as the wire takes does not stop snapshots; a job sent twice with one Idempotency-Key
 runs once; a stored call whose replay raises leaves its group failed (with the reason,
-no rebuild loop) while the others serve, until ``POST /v1/admin/groups/{group}/reset``;
-a finished job's state outlives the ingress replica (which, as shipped, hosts the
-controllers: its restart rebuilds every group from the store)."""
+no rebuild loop) while the others serve, until ``POST /v1/admin/groups/{group}/reset``.
+(Restarts of the replica that hosts the controllers, and of ``serve run``, are in
+test_state_restart.py.)"""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import pytest
 
 from hybridflow.state.backends import open_store
 from hybridflow.state.codec import encode_call
-from tests.e2e.cluster import kill_replica
 from tests.e2e.conftest import SNAPSHOT_EVERY
 
 
@@ -96,33 +95,3 @@ def test_a_replay_that_raises_fails_its_group_until_an_operator_resets_it(small_
     assert reset.status_code == 202, reset.text
     wait_status(http, "accumulator", "ready")
     assert http.post("/v1/groups/accumulator/get_value", json={}).json()["output"] == 0  # fresh
-
-
-def test_a_finished_job_and_the_groups_state_survive_the_ingress_replica_restarting(small_service, http):
-    job = http.post("/v1/jobs/test_actor/record", json={"kwargs": {"item": "before the restart"}}).json()
-    deadline = time.monotonic() + 60
-    while http.get(f"/v1/jobs/{job['id']}").json()["status"] != "succeeded":
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
-    length = record(http, "last before the restart")
-    assert kill_replica(small_service, "ingress").startswith("SERVE_REPLICA::")
-    # Serve restarts the replica, which rebuilds every group from the store: until then a
-    # call gets no answer or a 5xx (the key makes a retry of an answered call a repeat)
-    deadline = time.monotonic() + 300
-    while True:
-        assert time.monotonic() < deadline, "the service never came back"
-        try:
-            after = http.post("/v1/groups/test_actor/record", json={"kwargs": {"item": "first after the restart"}},
-                              headers={"Idempotency-Key": "first-after-the-restart"})
-            if after.status_code == 200:
-                break
-            assert after.status_code >= 500, after.text
-        except httpx.TransportError:
-            pass
-        time.sleep(1)
-    assert after.json()["output"][0] == length + 1  # the history came back whole
-    answer = http.get(f"/v1/jobs/{job['id']}")
-    assert answer.status_code == 200 and answer.json()["status"] == "succeeded"
-    result = http.get(f"/v1/jobs/{job['id']}/result")
-    assert result.status_code == 200 and len(result.json()["output"]) == 2
-    small_service.wait_ready(timeout_s=300)

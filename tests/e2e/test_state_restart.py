@@ -3,9 +3,11 @@ the replica that hosts the ``accumulators`` controller (the ingress, in the ship
 layout) is killed with Ray's API, with a Redis server the test starts as the store, and
 (2) ``serve run`` is stopped with SIGINT and started again, on SQLite. Calls answer 503
 with Retry-After while the controller comes back, and afterwards every rank holds exactly
-its start value plus the acknowledged adds. (3) A start with a group's world size changed
-is refused with an error naming the group, the change and the fix, instead of replaying
-the stored state into the wrong shape.
+its start value plus the acknowledged adds; after (1), a job that finished before the kill
+still answers its status and result (the ``jobs`` deployment keeps jobs in memory, outside
+the ingress: they outlive the ingress, not ``serve run``). (3) A start with a group's world
+size changed is refused with an error naming the group, the change and the fix, instead of
+replaying the stored state into the wrong shape.
 
 The clients send every add with an Idempotency-Key and retry it until it is answered:
 an add in flight when the controller died may have been recorded without its answer
@@ -60,6 +62,25 @@ def restartable(request, tmp_path_factory):
     proc.state_location = location
     yield proc
     proc.kill()
+
+
+def finished_job(client: httpx.Client) -> tuple[str, float]:
+    """Runs an ``add`` of 1 on ``accumulator`` as a job until it succeeds: its id and answer."""
+    job = client.post("/v1/jobs/accumulator/add", json=ADDS["accumulator"])
+    assert job.status_code == 202, job.text
+    deadline = time.monotonic() + 60
+    while (status := client.get(f"/v1/jobs/{job.json()['id']}").json()["status"]) != "succeeded":
+        assert status in ("queued", "running") and time.monotonic() < deadline, status
+        time.sleep(0.2)
+    return job.json()["id"], client.get(f"/v1/jobs/{job.json()['id']}/result").json()["output"]
+
+
+def assert_job_kept(client: httpx.Client, job_id: str, answer: float) -> None:
+    """The job's record outlived the restart: its status and its result as first answered."""
+    status = client.get(f"/v1/jobs/{job_id}")
+    assert status.status_code == 200 and status.json()["status"] == "succeeded", status.text
+    result = client.get(f"/v1/jobs/{job_id}/result")
+    assert result.status_code == 200 and result.json()["output"] == answer, result.text
 
 
 def values(client: httpx.Client) -> dict[str, list[float]]:
@@ -143,6 +164,7 @@ def test_killed_controller_replica_comes_back_with_every_acknowledged_add(restar
     # The shipped layout: the controllers live in the one ingress replica, so that is the
     # replica whose death loses them; while Serve restarts it, its proxy answers 5xx itself.
     with httpx.Client(base_url=restartable.url, timeout=60) as client:
+        job_id, answer = finished_job(client)
         start = values(client)
         with Load(restartable.url) as load:
             time.sleep(2)
@@ -156,6 +178,7 @@ def test_killed_controller_replica_comes_back_with_every_acknowledged_add(restar
         assert load.missing_retry_after == 0  # the service's own 503s say when to retry
         assert min(load.acknowledged.values()) > 0
         assert values(client) == load.expected(start)
+        assert_job_kept(client, job_id, answer)
 
 
 # On SQLite: the store that lives in a file of serve run's own.
