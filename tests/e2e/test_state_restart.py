@@ -3,9 +3,10 @@ the replica that hosts the ``accumulators`` controller (the ingress, in the ship
 layout) is killed with Ray's API, with a Redis server the test starts as the store, and
 (2) ``serve run`` is stopped with SIGINT and started again, on SQLite. Calls answer 503
 with Retry-After while the controller comes back, and afterwards every rank holds exactly
-its start value plus the acknowledged adds; after (1), a job that finished before the kill
-still answers its status and result (the ``jobs`` deployment keeps jobs in memory, outside
-the ingress: they outlive the ingress, not ``serve run``). (3) A start with a group's world
+its start value plus the acknowledged adds. A job that finished before (1) still answers its
+status and result (the ``jobs`` deployment keeps jobs in memory, outside the ingress: they
+outlive the ingress, not ``serve run``); after (2), the same job sent again with its
+Idempotency-Key is not applied again and answers as the first did. (3) A start with a group's world
 size changed is refused with an error naming the group, the change and the fix, instead of
 replaying the stored state into the wrong shape.
 
@@ -64,9 +65,11 @@ def restartable(request, tmp_path_factory):
     proc.kill()
 
 
-def finished_job(client: httpx.Client) -> tuple[str, float]:
-    """Runs an ``add`` of 1 on ``accumulator`` as a job until it succeeds: its id and answer."""
-    job = client.post("/v1/jobs/accumulator/add", json=ADDS["accumulator"])
+def finished_job(client: httpx.Client, key: str | None = None) -> tuple[str, list]:
+    """Runs an add on ``gpu_accumulator`` as a job (with ``key`` as its Idempotency-Key if
+    given) until it succeeds: its id and its answer, each rank's value after the add."""
+    headers = {"Idempotency-Key": key} if key else None
+    job = client.post("/v1/jobs/gpu_accumulator/add", json=ADDS["gpu_accumulator"], headers=headers)
     assert job.status_code == 202, job.text
     deadline = time.monotonic() + 60
     while (status := client.get(f"/v1/jobs/{job.json()['id']}").json()["status"]) != "succeeded":
@@ -75,7 +78,7 @@ def finished_job(client: httpx.Client) -> tuple[str, float]:
     return job.json()["id"], client.get(f"/v1/jobs/{job.json()['id']}/result").json()["output"]
 
 
-def assert_job_kept(client: httpx.Client, job_id: str, answer: float) -> None:
+def assert_job_kept(client: httpx.Client, job_id: str, answer: list) -> None:
     """The job's record outlived the restart: its status and its result as first answered."""
     status = client.get(f"/v1/jobs/{job_id}")
     assert status.status_code == 200 and status.json()["status"] == "succeeded", status.text
@@ -185,6 +188,7 @@ def test_killed_controller_replica_comes_back_with_every_acknowledged_add(restar
 @pytest.mark.parametrize("restartable", ["sqlite"], indirect=True)
 def test_serve_run_stopped_with_sigint_and_started_again_restores_every_group(restartable):
     with httpx.Client(base_url=restartable.url, timeout=60) as client:
+        _, answer = finished_job(client, key="a-job-before-the-restart")
         start = values(client)
     with Load(restartable.url) as load:
         time.sleep(2)
@@ -193,6 +197,10 @@ def test_serve_run_stopped_with_sigint_and_started_again_restores_every_group(re
         time.sleep(1)
     assert load.statuses["no answer"] > 0, load.statuses
     with httpx.Client(base_url=restartable.url, timeout=60) as client:
+        assert values(client) == load.expected(start)
+        # the job list did not outlive serve run; the same job again with its key is not
+        # applied again: it answers the first call's values
+        assert finished_job(client, key="a-job-before-the-restart")[1] == answer
         assert values(client) == load.expected(start)
 
 
