@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections import Counter
+
+from tests.e2e.jobs import wait_for_job
 
 #: Serve's replica actors are named ``SERVE_REPLICA::<app>#<deployment>#<id>``.
 REPLICAS = """
@@ -48,11 +49,7 @@ def calls_details_models_and_jobs(http) -> None:
     answer = http.post("/v2/models/checksum/infer", json={"inputs": [x]})
     assert answer.status_code == 200 and answer.json()["outputs"][0]["data"] == [6.5]
     job = http.post("/v1/jobs/gpu_accumulator/add", json={"kwargs": {"x": [2, 2, 2, 2]}}).json()
-    deadline = time.monotonic() + 60
-    while http.get(f"/v1/jobs/{job['id']}").json()["status"] in ("queued", "running"):
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
-    assert http.get(f"/v1/jobs/{job['id']}").json()["status"] == "succeeded"
+    assert wait_for_job(http, job["id"], timeout=60)[0]["status"] == "succeeded"
     assert values(http, "gpu_accumulator") == [v + 5 for v in before]
 
 

@@ -1,6 +1,6 @@
 """Long calls as jobs on the live service: submit, progress, result (JSON and safetensors),
 cancel, and the CLI's job command (a job's state outliving the ingress replica is in
-test_state_faults.py)."""
+test_state_restart.py)."""
 
 from __future__ import annotations
 
@@ -12,21 +12,8 @@ import time
 import torch
 from safetensors.torch import load, save
 
+from tests.e2e.jobs import wait_for_job
 from tests.mlp_reference import SMALL, assert_close, reference_mlp
-
-
-def wait_for(http, job_id, timeout=120):
-    deadline = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < deadline:
-        status = http.get(f"/v1/jobs/{job_id}")
-        assert status.status_code == 200, status.text
-        body = status.json()
-        seen.append(body["progress"])
-        if body["status"] not in ("queued", "running"):
-            return body, seen
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} still running after {timeout} s")
 
 
 def test_layer_call_as_a_job_through_the_binary_route(http):
@@ -42,7 +29,7 @@ def test_layer_call_as_a_job_through_the_binary_route(http):
     job = submitted.json()
     assert submitted.headers["location"] == f"/v1/jobs/{job['id']}"
     assert job["status"] in ("queued", "running") and job["split"] == 4
-    final, progress = wait_for(http, job["id"])
+    final, progress = wait_for_job(http, job["id"])
     assert final["status"] == "succeeded" and final["progress"] == 1.0
     assert progress == sorted(progress)  # progress never goes back
     result = http.get(f"/v1/jobs/{job['id']}/result", headers={"Accept": "application/x-safetensors"})

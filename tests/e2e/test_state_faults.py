@@ -17,6 +17,7 @@ import pytest
 from hybridflow.state.backends import open_store
 from hybridflow.state.codec import encode_call
 from tests.e2e.conftest import SNAPSHOT_EVERY
+from tests.e2e.jobs import wait_for_job
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +56,8 @@ def test_a_job_sent_twice_with_one_key_runs_once(http):
     assert again.json()["id"] == first.json()["id"]
     other = http.post("/v1/jobs/test_actor/record", json={"kwargs": {"item": "twice"}}, headers=headers)
     assert other.status_code == 422 and "different request body" in other.json()["error"]
-    deadline = time.monotonic() + 60
-    while http.get(f"/v1/jobs/{first.json()['id']}").json()["status"] != "succeeded":
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    final, _ = wait_for_job(http, first.json()["id"], timeout=60)
+    assert final["status"] == "succeeded", final
     assert record(http, "after the jobs") == before + 2  # the job's record ran once
 
 

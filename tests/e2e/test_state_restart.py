@@ -3,12 +3,12 @@ the replica that hosts the ``accumulators`` controller (the ingress, in the ship
 layout) is killed with Ray's API, with a Redis server the test starts as the store, and
 (2) ``serve run`` is stopped with SIGINT and started again, on SQLite. Calls answer 503
 with Retry-After while the controller comes back, and afterwards every rank holds exactly
-its start value plus the acknowledged adds. A job that finished before (1) still answers its
-status and result (the ``jobs`` deployment keeps jobs in memory, outside the ingress: they
-outlive the ingress, not ``serve run``); after (2), the same job sent again with its
-Idempotency-Key is not applied again and answers as the first did. (3) A start with a group's world
-size changed is refused with an error naming the group, the change and the fix, instead of
-replaying the stored state into the wrong shape.
+its start value plus the acknowledged adds. A job that finished before (1) still answers
+its status and result (the ``jobs`` deployment keeps jobs in memory, outside the ingress:
+they outlive the ingress, not ``serve run``); after (2), the same job sent again with its
+Idempotency-Key is not applied again and answers as the first did. (3) A start with a
+group's world size changed is refused with an error naming the group, the change and the
+fix, instead of replaying the stored state into the wrong shape.
 
 The clients send every add with an Idempotency-Key and retry it until it is answered:
 an add in flight when the controller died may have been recorded without its answer
@@ -32,6 +32,7 @@ import pytest
 import yaml
 
 from tests.e2e.cluster import kill_replica
+from tests.e2e.jobs import wait_for_job
 from tests.redis_server import start_redis
 from tests.serve_process import CONFIG, ServeProcess
 
@@ -71,11 +72,10 @@ def finished_job(client: httpx.Client, key: str | None = None) -> tuple[str, lis
     headers = {"Idempotency-Key": key} if key else None
     job = client.post("/v1/jobs/gpu_accumulator/add", json=ADDS["gpu_accumulator"], headers=headers)
     assert job.status_code == 202, job.text
-    deadline = time.monotonic() + 60
-    while (status := client.get(f"/v1/jobs/{job.json()['id']}").json()["status"]) != "succeeded":
-        assert status in ("queued", "running") and time.monotonic() < deadline, status
-        time.sleep(0.2)
-    return job.json()["id"], client.get(f"/v1/jobs/{job.json()['id']}/result").json()["output"]
+    job_id = job.json()["id"]
+    final, _ = wait_for_job(client, job_id, timeout=60)
+    assert final["status"] == "succeeded", final
+    return job_id, client.get(f"/v1/jobs/{job_id}/result").json()["output"]
 
 
 def assert_job_kept(client: httpx.Client, job_id: str, answer: list) -> None:
