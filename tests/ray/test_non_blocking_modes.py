@@ -2,7 +2,8 @@
 blocking call answers once its futures are collected (the Megatron PROTO modes
 failed when collected, their layout snapshot lacking the tp/dp/pp coordinates): on a
 group that reports a 3D layout (tp=2, dp=1, pp=2 over 4 ranks, tp fastest, then dp, then
-pp) and on a MegatronRayWorkerGroup. DataProto batches: tests/ray/test_verl_api.py."""
+pp). On a MegatronRayWorkerGroup: tests/ray/test_megatron_group.py. DataProto batches:
+tests/ray/test_verl_api.py."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ from tensordict import TensorDict
 
 from single_controller import DataProtoFuture
 from single_controller.base.decorator import Dispatch, register
-from single_controller.megatron.worker import MegatronWorker
-from single_controller.ray import MegatronRayWorkerGroup, RayClassWithInitArgs, RayResourcePool
+from single_controller.ray import RayClassWithInitArgs, RayResourcePool
 from tests.ray.test_worker_group import LayoutGroup, ModeWorker
 
 
@@ -95,30 +95,3 @@ def test_the_layout_snapshot_carries_the_coordinates(layout_group):
     layout = layout_group.layout()
     assert (layout.tp_size, layout.dp_size, layout.pp_size, layout.micro_dp_group_size) == (2, 1, 2, 2)
     assert [(c.tp_rank, c.dp_rank, c.pp_rank) for c in layout.rank_infos] == [(0, 0, 0), (1, 0, 0), (0, 0, 1), (1, 0, 1)]
-
-
-@ray.remote
-class MegatronRows(MegatronWorker):
-    @register(Dispatch.MEGATRON_COMPUTE_PROTO, blocking=False)
-    def forward(self, batch):
-        return shifted(batch, self.get_megatron_rank_info().dp_rank)
-
-    @register(Dispatch.MEGATRON_PP_AS_DP_PROTO, blocking=False)
-    def forward_pp(self, batch):
-        return shifted(batch, self.get_megatron_rank_info().dp_rank)
-
-
-def test_megatron_proto_modes_non_blocking_on_a_megatron_group(ray_cluster):
-    pool = RayResourcePool([4], use_gpu=False, name_prefix="megatron_nonblocking")
-    group = MegatronRayWorkerGroup(
-        pool, RayClassWithInitArgs(MegatronRows), default_megatron_kwargs={"tensor_model_parallel_size": 2}
-    )
-    try:
-        assert (group.tp_size, group.dp_size, group.pp_size) == (2, 2, 1)
-        # dp rank 0 gets rows 0-1, dp rank 1 rows 2-3 (moved by 100); 3 rows pad to 4
-        assert resolve(group.forward(tensordict(4)))["x"].tolist() == [0.0, 1.0, 102.0, 103.0]
-        assert resolve(group.forward(tensordict(3)))["x"].tolist() == [0.0, 1.0, 102.0]
-        assert resolve(group.forward_pp(tensordict(4)))["x"].tolist() == [0.0, 1.0, 102.0, 103.0]
-    finally:
-        group.shutdown()
-        pool.remove()
