@@ -173,11 +173,17 @@ def test_bad_inputs_raise_value_errors(tp4):
 LAYER_PARAMETERS = 3 * HIDDEN * FFN
 
 
+def dp0_shards(group) -> list[dict[str, torch.Tensor]]:
+    """The weights of dp rank 0's tp group, in tp order: the whole layer once."""
+    shards = group.get_weights()
+    return [shards[r] for r in range(group.world_size) if group.get_megatron_rank_info(r).dp_rank == 0]
+
+
 def check_layer_and_bound(group, tp: int) -> None:
     """The layer matches the reference built from one tp group's shards, and a layer past
     the workers' bound is refused, leaving the layer as it was."""
     group.init_model(config(tp))
-    shards = group.get_weights()[:tp]  # dp rank 0's tp group
+    shards = dp0_shards(group)
     x = torch.rand(6, 3, HIDDEN)
     y = group.run_layer([x] * group.dp_size)[0]
     assert rel_err(y, reference(shards, x)) <= 1e-5
@@ -218,8 +224,7 @@ def test_tp2_dp2_each_dp_rank_gets_its_input(tp2dp2):
         MegatronRankInfo(tp_rank=r % 2, dp_rank=r // 2, pp_rank=0, cp_rank=0) for r in range(4)
     ]
     group.init_model(config(2))
-    shards = group.get_weights()
-    dp0 = [shards[r] for r in range(4) if group.get_megatron_rank_info(r).dp_rank == 0]
+    dp0 = dp0_shards(group)
     # large enough (>= 64 KiB) to travel through the object store
     x0, x1 = torch.rand(128, 4, HIDDEN), torch.rand(130, 3, HIDDEN)
     before = group.object_store_puts
