@@ -306,7 +306,9 @@ def gpu_lines(name: str, gpu: Mapping[str, Any]) -> list[str]:
     parts += [f"{machine['cpus']} CPUs"] if "cpus" in machine else []
     parts += [f"torch {machine['torch']}"] if "torch" in machine else []
     where = f" on {', '.join(parts)}" if parts else ""
-    lines = ["", f"## On a GPU: `{name}`", "", f"Written by `python -m bench.gpu layer infer`{where}."]
+    tools = " ".join(part for part in ("layer", "infer") if part in gpu) or "layer infer"
+    quick = " --quick" if gpu.get("quick") else ""
+    lines = ["", f"## On a GPU: `{name}`", "", f"Written by `python -m bench.gpu {tools}{quick}`{where}."]
     layer = gpu.get("layer") or {}
     rows = []
     for precision, run in (layer.get("precisions") or {}).items():

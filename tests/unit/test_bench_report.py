@@ -62,6 +62,17 @@ def test_the_other_tools_results_in_the_results_directory_are_added(tmp_path):
     assert "Another recorded run" not in text
 
 
+def test_a_gpu_run_names_the_parts_it_ran(tmp_path):
+    (tmp_path / "gpu_infer.json").write_text(json.dumps(
+        {"quick": True, "machine": {"cuda": "NVIDIA H200", "cpus": 16}, "infer": {"batching_rps": 240.0}}
+    ))
+    (tmp_path / "gpu_full.json").write_text(json.dumps({"machine": {"cuda": "NVIDIA H100"}, "layer": {}, "infer": {}}))
+    text = report.write_benchmarks_page(RESULTS, tmp_path / "benchmarks.md", results_dir=tmp_path).read_text()
+    assert "Written by `python -m bench.gpu infer --quick` on NVIDIA H200, 16 CPUs." in text
+    assert "Written by `python -m bench.gpu layer infer` on NVIDIA H100." in text
+    assert "| `batching_rps` | 240 |" in text
+
+
 def test_the_entry_point_renders_a_results_file(tmp_path):
     source = tmp_path / "latest.json"
     source.write_text(json.dumps(RESULTS))
