@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -131,15 +132,19 @@ class ServeProcess:
         deployments: list[str] | None = None,
         fresh: bool = True,
         state_path: str | os.PathLike[str] | None = None,
+        serve_options: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         """``overrides`` replace keys of the application's ``args``; ``deployments`` keeps
-        only the named ones of the config's deployments. ``fresh``: start with every
+        only the named ones of the config's deployments. ``serve_options``: Serve's own
+        options of the application's deployments, by deployment name, as a config file's
+        ``deployments`` list sets them (``{"ingress": {"health_check_period_s": 2}}``). ``fresh``: start with every
         group's stored state discarded (``start(fresh=False)`` restores it, e.g. after a
         ``stop()``). ``state_path``: the state store (``SC_STATE_PATH``: a file, or a
         ``redis://`` URL) instead of the config's ``.hybridflow/state.db``, so services
         running at once keep their state apart."""
         self.source = config
-        self.changed = bool(overrides) or deployments is not None
+        self.changed = bool(overrides) or deployments is not None or bool(serve_options)
+        self.serve_options = serve_options or {}
         # The config's own ports (8000, and 9000 for gRPC) where they are free and the config
         # is used as it is, else the run's block's (gRPC None: the config has no gRPC).
         grpc_options = (yaml.safe_load(config.read_text()) or {}).get("grpc_options")
@@ -173,6 +178,10 @@ class ServeProcess:
         args.update(self.overrides or {})
         if self.deployments is not None:
             args["deployments"] = [d for d in args["deployments"] if d["name"] in self.deployments]
+        if self.serve_options:
+            document["applications"][0]["deployments"] = [
+                {"name": name, **options} for name, options in self.serve_options.items()
+            ]
         handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=ROOT)
         yaml.safe_dump(document, handle)
         handle.close()

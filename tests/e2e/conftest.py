@@ -128,6 +128,10 @@ MESH_DEPLOYMENT = {
 
 #: The third service's snapshot interval (calls per snapshot).
 SNAPSHOT_EVERY = 100
+#: Seconds between Serve's health checks of the third service's ingress replica, which
+#: hosts its controllers (Serve's default is 10): a test that watches what the checks do
+#: waits a few of them.
+SMALL_HEALTH_CHECK_PERIOD_S = 2
 
 
 def shipped_deployment(name: str, groups: tuple[str, ...] | None = None) -> dict:
@@ -160,12 +164,14 @@ def small_service(tmp_path_factory):
     """The third service (the state store's bounds, and a group that declares a mesh):
     test_actor on 2 ranks, the plain accumulator, the mesh deployment from a package
     outside the project, snapshots every 100 calls, a SQLite file of its own
-    (``.state_path``). Started by its first user, stopped after its last."""
+    (``.state_path``), a health check every ``SMALL_HEALTH_CHECK_PERIOD_S``. Started by its
+    first user, stopped after its last."""
     packages = write_package(tmp_path_factory.mktemp("mesh-workers"), "my_meshes", MESH_WORKERS)
     state = tmp_path_factory.mktemp("small-state") / "state.db"
     proc = ServeProcess(overrides={"deployments": [*_small_deployments(), MESH_DEPLOYMENT],
                                    "state": {"snapshot_every": SNAPSHOT_EVERY}},
-                        env={"PYTHONPATH": str(packages)}, state_path=state)
+                        env={"PYTHONPATH": str(packages)}, state_path=state,
+                        serve_options={"ingress": {"health_check_period_s": SMALL_HEALTH_CHECK_PERIOD_S}})
     proc.state_path = state
     try:
         yield proc.start()

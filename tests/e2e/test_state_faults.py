@@ -16,7 +16,7 @@ import pytest
 
 from hybridflow.state.backends import open_store
 from hybridflow.state.codec import encode_call
-from tests.e2e.conftest import SNAPSHOT_EVERY
+from tests.e2e.conftest import SMALL_HEALTH_CHECK_PERIOD_S, SNAPSHOT_EVERY
 from tests.e2e.jobs import wait_for_job
 
 
@@ -81,7 +81,7 @@ def test_a_replay_that_raises_fails_its_group_until_an_operator_resets_it(small_
     failed = wait_status(http, "accumulator", "failed")
     assert "TypeError" in failed["last_error"] and "/v1/admin/groups/accumulator/reset" in failed["last_error"]
     seen = set()
-    deadline = time.monotonic() + 25  # two health checks and more: no rebuild loop
+    deadline = time.monotonic() + 4 * SMALL_HEALTH_CHECK_PERIOD_S + 1  # health checks: no rebuild loop
     while time.monotonic() < deadline:
         seen.add(http.get("/v1/groups/accumulator").json()["status"])
         time.sleep(0.5)
