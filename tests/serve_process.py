@@ -105,11 +105,17 @@ def serve_path_env() -> dict[str, str]:
     return {key: os.environ.get(key, value) for key, value in HAPROXY_ENV.items()}
 
 
-#: Settings of every test run that shorten waits meant for a cluster behind load balancers:
-#: a replica behind HAProxy stays reachable for 30 s when it stops (Serve's default), so
-#: that balancers in front can deregister it. The tests' HAProxy runs on the same node and
-#: drops a stopped replica at once, and every stop of a run (Ctrl-C) would wait the 30 s.
-TEST_RUN_ENV = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
+#: Settings of every test run, for services that share a small machine with others:
+#: - a replica behind HAProxy stays reachable for 30 s when it stops (Serve's default), so
+#:   that balancers in front can deregister it. The tests' HAProxy runs on the same node
+#:   and drops a stopped replica at once, and every stop of a run (Ctrl-C) would wait 30 s.
+#: - Serve's controller gives its proxy actor 5 s per readiness check and kills it after
+#:   three misses, and ``serve run`` then exits. A proxy starting while another suite
+#:   process loads the cores can take over 20 s: each check may take 30 s here.
+TEST_RUN_ENV = {
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30",
+}
 
 
 #: What a ``serve run`` that failed to start printed, where starting it again helps.
