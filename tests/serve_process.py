@@ -143,14 +143,14 @@ class ServeProcess:
         """``overrides`` replace keys of the application's ``args``; ``deployments`` keeps
         only the named ones of the config's deployments. ``serve_options``: Serve's own
         options of the application's deployments, by deployment name, as a config file's
-        ``deployments`` list sets them (``{"ingress": {"health_check_period_s": 2}}``). ``fresh``: start with every
-        group's stored state discarded (``start(fresh=False)`` restores it, e.g. after a
-        ``stop()``). ``state_path``: the state store (``SC_STATE_PATH``: a file, or a
-        ``redis://`` URL) instead of the config's ``.hybridflow/state.db``, so services
-        running at once keep their state apart."""
+        ``deployments`` list sets them (``{"ingress": {"health_check_period_s": 2}}``).
+        ``fresh``: start with every group's stored state discarded (``start(fresh=False)``
+        restores it, e.g. after a ``stop()``). ``state_path``: the state store
+        (``SC_STATE_PATH``: a file, or a ``redis://`` URL) instead of the config's
+        ``.hybridflow/state.db``, so services running at once keep their state apart."""
         self.source = config
-        self.changed = bool(overrides) or deployments is not None or bool(serve_options)
         self.serve_options = serve_options or {}
+        self.changed = bool(overrides) or deployments is not None or bool(self.serve_options)
         # The config's own ports (8000, and 9000 for gRPC) where they are free and the config
         # is used as it is, else the run's block's (gRPC None: the config has no gRPC).
         grpc_options = (yaml.safe_load(config.read_text()) or {}).get("grpc_options")
