@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from single_controller.base import Worker
 from single_controller.device import get_dist_backend, get_torch_device, is_cuda_available
+from single_controller.gloo_device import share_gloo_device
 from single_controller.megatron.parallel_info import MegatronGlobalInfo, MegatronRankInfo
 
 #: Keys ``init_megatron`` understands (the tutorial passes the first three).
@@ -62,6 +63,8 @@ class MegatronWorker(Worker):
         cp = int(kwargs.get("context_parallel_size") or 1)
         if self.world_size % (tp * pp * cp):
             raise ValueError(f"world size {self.world_size} is not divisible by tp*pp*cp = {tp * pp * cp}")
+        # megatron-core's many gloo groups then cost one idle loop thread, not one each.
+        share_gloo_device()
         if not dist.is_initialized():
             backend = get_dist_backend()
             if backend == "nccl":

@@ -19,6 +19,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from single_controller.gloo_device import gloo_options
 from single_controller.weights.layout import box_slices
 from single_controller.weights.plan import ReshardPlan
 
@@ -70,7 +71,7 @@ def open_group(group: TransferGroup, rank: int, size: int, store: dist.Store | N
         options._timeout = timeout
         return dist.ProcessGroupNCCL(prefixed, rank, size, options)
     if group.backend == "gloo":
-        return dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+        return dist.ProcessGroupGloo(prefixed, rank, size, gloo_options(timeout))
     raise ValueError(f"unknown collective backend {group.backend!r}; known: nccl, gloo")
 
 
