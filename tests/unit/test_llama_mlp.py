@@ -228,13 +228,20 @@ def _rank_main(rank: int, world: int, tp: int, port: int, out_dir: str, checkpoi
             dist.destroy_process_group()
 
 
+#: What every rank imports, imported once by the fork server that starts the ranks (each
+#: spawned rank would import megatron-core and torch again: seconds of CPU apiece).
+RANK_IMPORTS = ["torch", "megatron.core.parallel_state", "megatron.core.tensor_parallel",
+                "single_controller.megatron.worker", "single_controller.models.llama", __name__]
+
+
 def _run_ranks(world: int, tp: int, out_dir: Path, checkpoint_root: Path) -> list[dict]:
+    mp.set_forkserver_preload(RANK_IMPORTS)
     mp.start_processes(
         _rank_main,
         args=(world, tp, free_port(), str(out_dir), str(checkpoint_root)),
         nprocs=world,
         join=True,
-        start_method="spawn",
+        start_method="forkserver",
     )
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
