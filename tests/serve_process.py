@@ -276,7 +276,7 @@ class ServeProcess:
                     return self
             except httpx.HTTPError:
                 pass
-            time.sleep(2)
+            time.sleep(0.5)
         self.kill()
         raise TimeoutError(f"service not ready within {timeout_s:g} s:\n{self.tail()}")
 
