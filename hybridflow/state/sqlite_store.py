@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -73,6 +74,22 @@ CREATE INDEX IF NOT EXISTS answers_by_age ON answers (scope, id);
 """
 
 
+def _use_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
+    """Put the file in WAL mode (persistent: the first opener of a new file sets it).
+    While other processes open the same new file at once, SQLite may refuse the switch as
+    locked without waiting out the busy timeout: it is tried again until ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.01)
+
+
 class SQLiteStateStore(StateStore):
     """The embedded backend: one SQLite file in WAL mode, shared by every controller
     process of the application. One connection per store, used under a lock; writes take
@@ -107,7 +124,7 @@ class SQLiteStateStore(StateStore):
                 self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
             )
             if not memory:
-                self._conn.execute("PRAGMA journal_mode=WAL")  # persistent: set once per file
+                _use_wal(self._conn, busy_timeout_s)
                 # the WAL is cut back to this after a checkpoint (a snapshot's parts grow it)
                 self._conn.execute(f"PRAGMA journal_size_limit={64 << 20}")
             self._conn.execute(f"PRAGMA synchronous={synchronous}")

@@ -541,6 +541,31 @@ def test_sqlite_writer_waits_for_another_process_and_gives_up_after_the_busy_tim
     store.close()
 
 
+def test_sqlite_opens_a_new_file_while_another_writer_holds_it(tmp_path):
+    """Processes that open one new file at once: the switch to WAL mode, which SQLite
+    refuses at once while another connection writes, waits for it instead (as a write
+    does, up to the busy timeout)."""
+    path = tmp_path / "state.db"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE other (x)")
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO other VALUES (1)")
+    opened: list = []
+    opener = threading.Thread(target=lambda: opened.append(SQLiteStateStore(path, busy_timeout_s=10.0)))
+    opener.start()
+    time.sleep(0.3)
+    assert opener.is_alive(), "the store did not wait for the other writer"
+    other.execute("COMMIT")
+    opener.join(timeout=20)
+    assert len(opened) == 1, "the store failed to open"
+    with opened[0] as store:
+        assert store._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        store.record_call(SCOPE, 1, b"x")
+        assert store.load(SCOPE).entries == [(1, b"x")]
+    assert other.execute("SELECT x FROM other").fetchall() == [(1,)]
+    other.close()
+
+
 def test_sqlite_refuses_a_file_that_is_not_a_state_store(tmp_path):
     path = tmp_path / "state.db"
     path.write_bytes(b"not a database" * 100)
