@@ -10,6 +10,7 @@ count and nothing else.
 
 from __future__ import annotations
 
+import atexit
 from datetime import timedelta
 from typing import Any
 
@@ -35,7 +36,17 @@ def shared_device() -> Any:
         raise RuntimeError("this torch has no gloo backend with device options")
     if _device is None:
         _device = gloo.create_default_device()
+        atexit.register(_release_device)
     return _device
+
+
+def _release_device() -> None:
+    # Once the groups are destroyed this reference is the device's last: let it go (and
+    # join its loop thread) while the interpreter is whole. A device still alive when the
+    # process exits may abort it ("terminate called without an active exception"), as
+    # torch's own per-group devices do when their groups are never destroyed.
+    global _device
+    _device = None
 
 
 def gloo_options(timeout: timedelta) -> Any:

@@ -37,6 +37,7 @@ SCRIPT = textwrap.dedent(
         sums.append(tensor.sum().item())
     workers = groups[0]._get_backend(torch.device("cpu")).options._threads
     print(json.dumps({"added": added, "workers": workers, "sums": sums}))
+    dist.destroy_process_group()  # every group: a clean exit, the shared device released at exit
     """
 )
 
