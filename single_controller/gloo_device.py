@@ -51,11 +51,9 @@ def _release_device() -> None:
 
 def gloo_options(timeout: timedelta) -> Any:
     """Options for a ``ProcessGroupGloo`` built by hand: the shared device, ``timeout``."""
-    gloo = _gloo_class()
-    if gloo is None:
-        raise RuntimeError("this torch has no gloo backend with device options")
-    options = gloo._Options()
-    options._devices = [shared_device()]
+    device = shared_device()  # raises where this torch has no such options
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = [device]
     options._timeout = timeout
     return options
 
