@@ -73,7 +73,12 @@ def _importer() -> Any:
         def __init__(self, worker: str) -> None:
             import importlib
 
-            for module in rank_imports(import_class(worker)):
+            from single_controller.megatron.core_import import import_megatron_core
+
+            modules = rank_imports(import_class(worker))
+            if modules:
+                import_megatron_core()  # as a Megatron rank imports it
+            for module in modules:
                 importlib.import_module(module)
 
     return Importer

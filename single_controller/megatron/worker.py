@@ -12,6 +12,7 @@ import torch.distributed as dist
 from single_controller.base import Worker
 from single_controller.device import get_dist_backend, get_torch_device, is_cuda_available
 from single_controller.gloo_device import share_gloo_device
+from single_controller.megatron.core_import import import_megatron_core
 from single_controller.megatron.parallel_info import MegatronGlobalInfo, MegatronRankInfo
 
 #: Keys ``init_megatron`` understands (the tutorial passes the first three).
@@ -52,6 +53,7 @@ class MegatronWorker(Worker):
     megatron_mesh_name: str = "megatron"
 
     def init_megatron(self, default_megatron_kwargs: dict[str, Any] | None = None) -> None:
+        import_megatron_core()
         from megatron.core import parallel_state
 
         kwargs = dict(default_megatron_kwargs or {})

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from single_controller.megatron.core_import import import_megatron_core
 from single_controller.models.llama_checkpoint import DOWN, GATE, UP, LlamaMLPCheckpoint
 
 #: Activations by Hugging Face's ``hidden_act`` names.
@@ -229,6 +230,7 @@ class ParallelLlamaMLP(torch.nn.Module):
         checkpoint_dirs: Sequence[str | os.PathLike[str]] | None = None,
     ) -> None:
         super().__init__()
+        import_megatron_core()
         from megatron.core import ModelParallelConfig, parallel_state
         from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
         from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
