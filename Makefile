@@ -47,7 +47,9 @@ system-deps:
 
 # One pytest run per layer: unit (no Ray), ray (one cluster), e2e (serve run). The unit
 # layer (no Ray, no timing) runs beside the Ray layer, whose cluster start and worker spawns
-# leave a core idle part of the time. Then the end-to-end layer, in two processes side by
+# leave a core idle part of the time, and after it, still beside the Ray layer, the Ray
+# tests that start a cluster of their own (the marker own_cluster: the multi-node check).
+# Then the end-to-end layer, in two processes side by
 # side: the tests on the session's service (serve_config.yaml as shipped: the marker
 # shipped_service) and the tests on services of their own, which spend much of their time
 # waiting (restarts, a 40 s call, health checks), so the two fill each other's waits. Each
@@ -61,9 +63,11 @@ PASSED = { rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]; }
 test: system-deps $(STAMP)
 	$(VENV)/bin/ruff check .
 	status=0; \
-	$(PYTEST) tests/unit $(PYTEST_ARGS) > $(UNIT_LOG) 2>&1 & unit=$$!; \
-	$(PYTEST) tests/ray $(PYTEST_ARGS) || $(PASSED) || status=1; \
-	wait $$unit || $(PASSED) || status=1; echo "--- tests/unit:"; cat $(UNIT_LOG); \
+	( side=0; $(PYTEST) tests/unit $(PYTEST_ARGS) || $(PASSED) || side=1; \
+	  $(PYTEST) tests/ray -m own_cluster $(PYTEST_ARGS) || $(PASSED) || side=1; exit $$side ) \
+		> $(UNIT_LOG) 2>&1 & unit=$$!; \
+	$(PYTEST) tests/ray -m "not own_cluster" $(PYTEST_ARGS) || $(PASSED) || status=1; \
+	wait $$unit || status=1; echo "--- tests/unit, then tests/ray -m own_cluster:"; cat $(UNIT_LOG); \
 	$(PYTEST) tests/e2e -m "not shipped_service" $(PYTEST_ARGS) > $(E2E_OWN_LOG) 2>&1 & own=$$!; \
 	$(PYTEST) tests/e2e -m shipped_service $(PYTEST_ARGS) || $(PASSED) || status=1; \
 	wait $$own || $(PASSED) || status=1; echo "--- tests/e2e, services of their own:"; cat $(E2E_OWN_LOG); \

@@ -12,6 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+pytestmark = pytest.mark.own_cluster
+
 
 @pytest.fixture(scope="module")
 def seen() -> dict:
