@@ -19,6 +19,7 @@ import yaml
 
 from bench.hops import breakdown
 from bench.library_figures import BATCH_CLIENTS, BATCH_SHAPE
+from bench.start_timeline import read_milestones
 from bench.timing import interleaved, p50, timed
 from tests.serve_process import ROOT, ServeProcess
 
@@ -180,12 +181,25 @@ def cold_start_floor(config: Path) -> float:
     return time.perf_counter() - started
 
 
+def start_milestones(launched_at: float, ready_at: float) -> dict[str, float]:
+    """``cold_start_<milestone>_s`` of the start just made (bench/start_timeline.py), or
+    none where Ray's timeline cannot be read."""
+    try:
+        found = read_milestones(launched_at, ready_at)
+    except (subprocess.SubprocessError, ValueError, KeyError) as exc:
+        print(f"bench: no cold-start milestones ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return {}
+    return {f"cold_start_{name}_s": seconds for name, seconds in found.items()}
+
+
 def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     noop_cold, noop_proc = cold_start(noop_only_config(), "/noop/ready")
     noop_proc.kill()
     out["cold_start_floor_s"] = cold_start_floor(bench_config())
+    launched_at = time.time()
     full_cold, proc = cold_start(bench_config(), "/readyz")
+    out.update(start_milestones(launched_at, launched_at + full_cold))
     out["cold_start_noop_s"] = noop_cold
     out["cold_start_service_s"] = full_cold
     out["cold_start_ratio"] = full_cold / noop_cold
