@@ -181,11 +181,11 @@ def cold_start_floor(config: Path) -> float:
     return time.perf_counter() - started
 
 
-def start_milestones(launched_at: float, ready_at: float) -> dict[str, float]:
-    """``cold_start_<milestone>_s`` of the start just made (bench/start_timeline.py), or
-    none where Ray's timeline cannot be read."""
+def start_milestones(proc: ServeProcess, launched_at: float, ready_at: float) -> dict[str, float]:
+    """``cold_start_<milestone>_s`` of ``proc``'s start (bench/start_timeline.py), or none
+    where Ray's timeline cannot be read."""
     try:
-        found = read_milestones(launched_at, ready_at)
+        found = read_milestones(proc.gcs_address(), launched_at, ready_at)
     except (subprocess.SubprocessError, ValueError, KeyError) as exc:
         print(f"bench: no cold-start milestones ({type(exc).__name__}: {exc})", file=sys.stderr)
         return {}
@@ -199,7 +199,7 @@ def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
     out["cold_start_floor_s"] = cold_start_floor(bench_config())
     launched_at = time.time()
     full_cold, proc = cold_start(bench_config(), "/readyz")
-    out.update(start_milestones(launched_at, launched_at + full_cold))
+    out.update(start_milestones(proc, launched_at, launched_at + full_cold))
     out["cold_start_noop_s"] = noop_cold
     out["cold_start_service_s"] = full_cold
     out["cold_start_ratio"] = full_cold / noop_cold

@@ -25,10 +25,10 @@ from typing import Any
 SERVE_ACTOR_PREFIXES = ("ServeController", "ProxyActor", "ServeReplica", "HAProxyManager")
 
 _READ_SCRIPT = """
-import json, ray
+import json, sys, ray
 from ray.util.state import list_actors
-ray.init(address="auto", log_to_driver=False)
-actors = {a.actor_id: a.class_name for a in list_actors(limit=100000, raise_on_missing_output=False)}
+ray.init(address=sys.argv[1], log_to_driver=False)
+actors = {a.actor_id: a.class_name for a in list_actors(limit=10000, raise_on_missing_output=False)}
 print(json.dumps({"events": ray.timeline(), "actors": actors}))
 """
 
@@ -68,10 +68,13 @@ def milestones(events: Iterable[Mapping[str, Any]], actor_classes: Mapping[str, 
     return found
 
 
-def read_milestones(launched_at: float, ready_at: float, timeout_s: float = 120) -> dict[str, float]:
-    """:func:`milestones` of the cluster running on this machine (a driver of its own
-    reads the timeline and the actors' classes)."""
-    done = subprocess.run([sys.executable, "-c", _READ_SCRIPT], capture_output=True, text=True,
-                          timeout=timeout_s, check=True)
+def read_milestones(gcs_address: str, launched_at: float, ready_at: float, timeout_s: float = 120) -> dict[str, float]:
+    """:func:`milestones` of the Ray cluster at ``gcs_address`` (a driver of its own reads
+    the timeline and the actors' classes). ValueError with the driver's last words if it
+    could not."""
+    done = subprocess.run([sys.executable, "-c", _READ_SCRIPT, gcs_address], capture_output=True, text=True,
+                          timeout=timeout_s)
+    if done.returncode != 0:
+        raise ValueError(f"reading Ray's timeline failed: {done.stderr.strip()[-500:]}")
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     return milestones(seen["events"], seen["actors"], launched_at, ready_at)
