@@ -49,13 +49,13 @@ system-deps:
 # layer (no Ray, no timing) runs beside the Ray layer, whose cluster start and worker spawns
 # leave a core idle part of the time, and after it, still beside the Ray layer, the Ray
 # tests that start a cluster of their own (the marker own_cluster: the multi-node check).
-# Then the end-to-end layer, in two processes side by
-# side: the tests on the session's service (serve_config.yaml as shipped: the marker
-# shipped_service) and the tests on services of their own, which spend much of their time
-# waiting (restarts, a 40 s call, health checks), so the two fill each other's waits. Each
-# keeps at most two Ray clusters at once. Every layer runs even if another failed; the
-# reports of the processes run beside another follow its report. Exit status 5 (nothing
-# selected, as with a PYTEST_ARGS -k) fails no layer.
+# Then the end-to-end layer, in two processes side by side: the tests on the session's
+# service (serve_config.yaml as shipped: the marker shipped_service) and the tests on
+# services of their own, which spend much of their time waiting (restarts, a 40 s call,
+# health checks), so the two fill each other's waits. Each keeps at most two Ray clusters
+# at once. Every layer runs even if another failed; the reports of the processes run
+# beside another follow its report. Exit status 5 (nothing selected, as with a
+# PYTEST_ARGS -k) fails no layer.
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 UNIT_LOG := $(VENV)/unit-tests.log
 E2E_OWN_LOG := $(VENV)/e2e-own-services.log
