@@ -76,7 +76,7 @@ def _importer() -> Any:
             from single_controller.megatron.core_import import import_megatron_core
 
             modules = rank_imports(import_class(worker))
-            if modules:
+            if any(module.startswith("megatron.") for module in modules):
                 import_megatron_core()  # as a Megatron rank imports it
             for module in modules:
                 importlib.import_module(module)

@@ -3,9 +3,9 @@
 megatron-core decorates its fused kernels with ``torch.compile`` when its package is
 imported, and ``torch.compile`` imports TorchDynamo and Inductor on the spot: most of the
 import's CPU time, paid by every rank process though the parallel layers and process
-groups never call those kernels. :func:`import_megatron_core` imports the
-package with ``torch.compile`` deferred to each decorated function's first call, which
-then compiles it exactly as ``torch.compile`` would have.
+groups never call those kernels. :func:`import_megatron_core` imports the package with
+``torch.compile`` deferred to each decorated function's first call, which then compiles
+it exactly as ``torch.compile`` would have.
 """
 
 from __future__ import annotations
