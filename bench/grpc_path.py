@@ -1,12 +1,18 @@
-"""The `mlp` model's inference over gRPC against the HTTP binary path, on a running service.
+"""The `mlp` model's inference over gRPC against the HTTP binary path, on a running service,
+and where the difference lies.
 
 Both clients are tritonclient's at their defaults but for binary outputs over HTTP (the
 binary tensor data extension both ways, as the gRPC path's raw contents are): the same
 [8, 2, 4096] FP32 input, the answers checked equal, then timed in alternating rounds so
-that machine noise hits both alike. The gRPC path crosses Serve's gRPC proxy (the request
-forwarded as bytes, parsed in the ingress replica); the HTTP path Serve's HTTP proxy and
-the FastAPI route. Both reach the same controller and batcher (a lone request waits the
-model's batching delay either way).
+that machine noise hits both alike. Both paths enter at the service's front (HAProxy as
+`make serve` runs it, else Serve's proxies), reach the ingress replica (the FastAPI route,
+or the gRPC servicer, which parses the request off the event loop) and then the same
+controller and batcher (a lone request waits the model's batching delay either way).
+
+The breakdown takes the forward out: `echo` with the same tensor in and out, once through
+the front and once straight to the ingress replica's own HTTP and gRPC ports (Serve's
+direct ingress, which the front forwards to), so the front's share of each path is the
+difference.
 
     python -m bench.grpc_path                                  # starts serve_config.yaml
     python -m bench.grpc_path --url http://127.0.0.1:8000 --grpc 127.0.0.1:9000
@@ -16,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,21 +34,19 @@ from bench.timing import timed
 MLP_SHAPE = (8, 2, 4096)
 
 
-def grpc_vs_http(
+def paired_p50s(
     url: str,
     grpc_address: str,
-    n: int = 50,
+    model: str,
+    shape: tuple[int, ...],
+    n: int,
     rounds: int = 5,
-    shape: tuple[int, ...] = MLP_SHAPE,
     token: str | None = None,
     warmup: int = 5,
     application: str | None = None,
-) -> dict[str, Any]:
-    """p50 of ``n`` `mlp` inferences over each path (``url``: the service's HTTP address,
-    ``grpc_address``: ``host:port`` of its gRPC proxy; ``token``: the bearer token when the
-    service has one; ``application``: the Serve application's name, which Serve's gRPC
-    routing needs where a config has several). ``grpc_over_http`` is the ratio of the p50s
-    (below 1: gRPC faster)."""
+) -> tuple[float, float, bool]:
+    """(gRPC p50 ms, HTTP p50 ms, the same answer both ways) of ``n`` inferences of
+    ``model`` (input ``x``, output ``y``) on a random FP32 tensor of ``shape``."""
     import tritonclient.grpc as tritongrpc
     import tritonclient.http as tritonhttp
 
@@ -56,10 +62,10 @@ def grpc_vs_http(
     grpc_input.set_data_from_numpy(x)
 
     def http_call() -> np.ndarray:
-        return over_http.infer("mlp", [http_input], outputs=http_output, headers=headers).as_numpy("y")
+        return over_http.infer(model, [http_input], outputs=http_output, headers=headers).as_numpy("y")
 
     def grpc_call() -> np.ndarray:
-        return over_grpc.infer("mlp", [grpc_input], headers=grpc_headers).as_numpy("y")
+        return over_grpc.infer(model, [grpc_input], headers=grpc_headers).as_numpy("y")
 
     try:
         same = bool(np.array_equal(http_call(), grpc_call()))
@@ -74,15 +80,67 @@ def grpc_vs_http(
     finally:
         over_grpc.close()
         over_http.close()
-    grpc_p50, http_p50 = statistics.median(grpc_s) * 1e3, statistics.median(http_s) * 1e3
+    return statistics.median(grpc_s) * 1e3, statistics.median(http_s) * 1e3, same
+
+
+def grpc_vs_http(
+    url: str,
+    grpc_address: str,
+    n: int = 50,
+    rounds: int = 5,
+    shape: tuple[int, ...] = MLP_SHAPE,
+    token: str | None = None,
+    warmup: int = 5,
+    application: str | None = None,
+) -> dict[str, Any]:
+    """p50 of ``n`` `mlp` inferences over each path (``url``: the service's HTTP address,
+    ``grpc_address``: ``host:port`` of its gRPC port; ``token``: the bearer token when the
+    service has one; ``application``: the Serve application's name, which Serve's gRPC
+    routing needs where a config has several). ``grpc_over_http`` is the ratio of the p50s
+    (below 1: gRPC faster)."""
+    grpc_p50, http_p50, same = paired_p50s(url, grpc_address, "mlp", shape, n, rounds, token, warmup, application)
     return {
         "grpc_mlp_p50_ms": grpc_p50,
         "http_mlp_p50_ms": http_p50,
         "grpc_over_http": grpc_p50 / http_p50,
         "shape": list(shape),
-        "samples": len(grpc_s),
+        "samples": max(1, n // rounds) * rounds,
         "same_answer": same,
     }
+
+
+def direct_ingress(replica_log: str) -> tuple[str, str] | None:
+    """(HTTP URL, gRPC ``host:port``) of an ingress replica's own servers (Serve's direct
+    ingress), read from the replica's Serve log, or None where it started none."""
+    found = {protocol: port for port, protocol in
+             re.findall(r"Allocated port (\d+) for RequestProtocol\.(HTTP|GRPC)", replica_log)}
+    if "HTTP" not in found or "GRPC" not in found:
+        return None
+    return f"http://127.0.0.1:{found['HTTP']}", f"127.0.0.1:{found['GRPC']}"
+
+
+def front_breakdown(url: str, grpc_address: str, direct: tuple[str, str], n: int = 50,
+                    shape: tuple[int, ...] = MLP_SHAPE, application: str | None = None) -> dict[str, Any]:
+    """`echo` of a ``shape`` tensor over gRPC and HTTP, through the service's front
+    (``url``, ``grpc_address``) and straight to the ingress replica (``direct``: its HTTP
+    URL and gRPC address): ``<path>_echo[_direct]_p50_ms``, ``echo[_direct]_grpc_over_http``,
+    and ``<path>_front_added_ms``, what the front adds to each path."""
+    out: dict[str, Any] = {}
+    for suffix, (http_url, grpc_at) in (("", (url, grpc_address)), ("_direct", direct)):
+        grpc_p50, http_p50, _ = paired_p50s(http_url, grpc_at, "echo", shape, n, application=application)
+        out[f"grpc_echo{suffix}_p50_ms"] = grpc_p50
+        out[f"http_echo{suffix}_p50_ms"] = http_p50
+        out[f"echo{suffix}_grpc_over_http"] = grpc_p50 / http_p50
+    for path in ("grpc", "http"):
+        out[f"{path}_front_added_ms"] = out[f"{path}_echo_p50_ms"] - out[f"{path}_echo_direct_p50_ms"]
+    return out
+
+
+def ingress_replica_log(log_dir: Path, application: str) -> str:
+    """The Serve log of ``application``'s ingress replica under a session's ``logs/serve``
+    (the first one, where there are several), or ``""``."""
+    logs = sorted(log_dir.glob(f"replica_{application}_ingress_*.log"))
+    return logs[0].read_text(errors="replace") if logs else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         service = ServeProcess().start()
         try:
             result = grpc_vs_http(service.url, service.grpc_address, args.n)
+            direct = direct_ingress(ingress_replica_log(service.session_dir() / "logs" / "serve", "hybridflow"))
+            if direct is not None:
+                result.update(front_breakdown(service.url, service.grpc_address, direct, args.n,
+                                              application="hybridflow"))
         finally:
             service.kill()
     print(json.dumps(result, indent=1))

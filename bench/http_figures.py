@@ -281,14 +281,26 @@ def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
             out["oip_binary_ratio"] = out["oip_binary_bandwidth_MBps"] / out["noop_bandwidth_MBps"]
         out.update(bench_batching(proc.url, quick))
         if proc.grpc_address is not None:  # the Open Inference Protocol over gRPC beside HTTP
-            from bench.grpc_path import grpc_vs_http
-
-            try:
-                out.update(grpc_vs_http(proc.url, proc.grpc_address, n=20 if quick else 60, application="hybridflow"))
-            except Exception as exc:  # the other figures stand; latest.json says why this one is missing
-                out["grpc_error"] = f"{type(exc).__name__}: {exc}"
+            out.update(bench_grpc(proc, quick))
     finally:
         proc.kill()
+    return out
+
+
+def bench_grpc(proc: ServeProcess, quick: bool) -> dict[str, Any]:
+    """`mlp` over gRPC beside the HTTP binary path, and the front's share of each path
+    (bench/grpc_path.py); an ``grpc_error`` says why a figure is missing."""
+    from bench.grpc_path import direct_ingress, front_breakdown, grpc_vs_http, ingress_replica_log
+
+    n = 20 if quick else 60
+    out: dict[str, Any] = {}
+    try:
+        out.update(grpc_vs_http(proc.url, proc.grpc_address, n=n, application="hybridflow"))
+        direct = direct_ingress(ingress_replica_log(proc.session_dir() / "logs" / "serve", "hybridflow"))
+        if direct is not None:  # Serve's direct ingress: the replica has ports of its own
+            out.update(front_breakdown(proc.url, proc.grpc_address, direct, n=n, application="hybridflow"))
+    except Exception as exc:  # the other figures stand; latest.json says why this one is missing
+        out["grpc_error"] = f"{type(exc).__name__}: {exc}"
     return out
 
 

@@ -149,6 +149,23 @@ SECTIONS = (
         ),
     ),
     Section(
+        "The Open Inference Protocol over gRPC",
+        "tritonclient's gRPC and HTTP clients on the same `[8, 2, 4096]` FP32 input, timed in "
+        "alternating rounds (`bench/grpc_path.py`): the `mlp` model, then `echo` (the same tensor in "
+        "and out, no forward) through the service's front and straight to the ingress replica's own "
+        "ports, so the front's share of each path is the difference.",
+        (
+            F("grpc_over_http", "`mlp` infer p50: gRPC vs the HTTP binary path",
+              ("grpc_mlp_p50_ms", "http_mlp_p50_ms", "shape", "samples", "same_answer"), "lower"),
+            F("echo_grpc_over_http", "`echo` p50 through the front: gRPC vs HTTP binary",
+              ("grpc_echo_p50_ms", "http_echo_p50_ms"), "lower"),
+            F("echo_direct_grpc_over_http", "`echo` p50 straight to the ingress replica: gRPC vs HTTP binary",
+              ("grpc_echo_direct_p50_ms", "http_echo_direct_p50_ms"), "lower"),
+            F("grpc_front_added_ms", "what the front adds to a gRPC `echo` (through it minus direct)", (), "lower"),
+            F("http_front_added_ms", "what the front adds to an HTTP `echo`", (), "lower"),
+        ),
+    ),
+    Section(
         "Dynamic batching (the `mlp` model)",
         "`mlp` (batching) against `mlp_unbatched` (the same group and method, a forward per request), "
         "binary OIP, windows interleaved.",
@@ -165,7 +182,7 @@ SECTIONS = (
 
 #: Units read from a key's ending.
 UNITS = (("_ms", "ms"), ("_s", "s"), ("_MBps", "MB/s"), ("_cores", "cores"), ("_ratio", "x"),
-         ("_over_thread", "x"), ("_ratio_to_raw", "x"), ("_bound", "x"), ("_mib", "MiB"))
+         ("_over_thread", "x"), ("_over_http", "x"), ("_ratio_to_raw", "x"), ("_bound", "x"), ("_mib", "MiB"))
 
 
 def unit_of(key: str) -> str:

@@ -80,3 +80,24 @@ def test_the_entry_point_renders_a_results_file(tmp_path):
     assert "| `one_to_all_ratio`" in (tmp_path / "page.md").read_text()
     assert report.main([str(tmp_path / "missing.json"), "--out", str(tmp_path / "empty.md")]) == 0
     assert "No run is recorded yet" in (tmp_path / "empty.md").read_text()
+
+
+def test_the_grpc_section_shows_the_ratio_with_its_target_and_the_fronts_share(tmp_path):
+    results = {
+        "machine": "2 cores", "when": "now", "grpc_mlp_p50_ms": 123.0, "http_mlp_p50_ms": 120.0,
+        "grpc_over_http": 1.025, "shape": [8, 2, 4096], "samples": 60, "same_answer": True,
+        "grpc_echo_p50_ms": 14.0, "http_echo_p50_ms": 10.0, "echo_grpc_over_http": 1.4,
+        "grpc_echo_direct_p50_ms": 9.0, "http_echo_direct_p50_ms": 8.5, "echo_direct_grpc_over_http": 9.0 / 8.5,
+        "grpc_front_added_ms": 5.0, "http_front_added_ms": 1.5,
+        "targets": {"grpc_over_http": {"label": "gRPC / HTTP", "target": 1.0, "value": 1.025, "met": False,
+                                       "raw": ""}},
+    }
+    text = report.write_benchmarks_page(results, tmp_path / "benchmarks.md", results_dir=None).read_text()
+    assert "## The Open Inference Protocol over gRPC" in text
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| `")}
+    assert "1.02x" in rows["`grpc_over_http`"] and rows["`grpc_over_http`"].endswith("| <= 1.00x (**missed**) |")
+    assert "`grpc_mlp_p50_ms` 123 ms; `http_mlp_p50_ms` 120 ms" in rows["`grpc_over_http`"]
+    assert "1.40x" in rows["`echo_grpc_over_http`"] and "`grpc_echo_p50_ms` 14.0 ms" in rows["`echo_grpc_over_http`"]
+    assert "1.06x" in rows["`echo_direct_grpc_over_http`"]
+    assert "| 5.00 ms |" in rows["`grpc_front_added_ms`"] and "| 1.50 ms |" in rows["`http_front_added_ms`"]
+    assert "## Other figures" not in text  # every figure of the run is in its section
