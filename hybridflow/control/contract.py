@@ -13,6 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def first_line(exc: BaseException) -> str:
+    """What an error message carries of an exception: the last line of its text (never a
+    traceback), or its type's name when it has no text."""
+    text = str(exc).strip().splitlines()
+    return text[-1] if text else type(exc).__name__
+
+
 class ErrorKind(enum.Enum):
     """Why a call got no output."""
 

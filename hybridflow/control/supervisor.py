@@ -34,6 +34,7 @@ from hybridflow.config import GroupConfig, StateConfig
 from hybridflow.control import metrics
 from hybridflow.control.builder import Unit
 from hybridflow.control.catalogue import MethodInfo
+from hybridflow.control.contract import first_line
 from hybridflow.control.fence import Fence
 from hybridflow.state.codec import StateCodecError
 from hybridflow.state.journal import Journal
@@ -62,11 +63,6 @@ def hopeless(exc: BaseException) -> bool:
 def as_asyncio(refs: list[Any]) -> list[asyncio.Future]:
     """Ray futures as asyncio futures of the running loop."""
     return [asyncio.wrap_future(ref.future()) for ref in refs]
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[-1] if text else type(exc).__name__
 
 
 def failure_of(exc: BaseException) -> tuple[bool, str]:

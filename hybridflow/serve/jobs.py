@@ -28,17 +28,17 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from ray import serve
 
 from hybridflow.config import LimitsConfig
-from hybridflow.control.contract import CallRequest, CallResult, ControllerError, ErrorKind
-from hybridflow.control.supervisor import first_line
+from hybridflow.control.contract import CallRequest, CallResult, ControllerError, ErrorKind, first_line
 from hybridflow.state.idempotency import estimate_bytes
 from hybridflow.wire.errors import WireError
-from hybridflow.wire.split import SplitCall, split_call
+
+if TYPE_CHECKING:
+    from hybridflow.wire.split import SplitCall
 
 
 @dataclass
@@ -82,6 +82,8 @@ def join_outputs(outputs: list[Any]) -> Any:
     """Concatenate the pieces' outputs (lists of tensors, one per dp rank) along dim 0."""
     if len(outputs) == 1:
         return outputs[0]
+    import torch  # loaded already: the outputs are tensors (the replica starts without torch)
+
     return [torch.cat([piece[i] for piece in outputs], dim=0) for i in range(len(outputs[0]))]
 
 
@@ -112,6 +114,8 @@ class JobsDeployment:
                 f"split runs pieces one after another: only read-only methods may be split, and "
                 f"{request.group}.{request.method} changes state",
             )
+        from hybridflow.wire.split import split_call  # with torch, which the replica starts without
+
         try:
             pieces = split_call(request.args, request.kwargs, split, self.limits.wire())
         except WireError as exc:

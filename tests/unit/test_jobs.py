@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import subprocess
+import sys
 import weakref
 from types import SimpleNamespace
 
@@ -120,3 +122,11 @@ def test_split_pieces_and_forgotten_jobs_leave_no_keys_behind():
     assert split["split"] == 2
     assert [r.idempotency_key for r in requests[:2]] == [None, None]  # pieces of a read-only method
     assert kept == 1 and list(keys) == [("g", "write", "key-2")]
+
+
+def test_the_jobs_replica_starts_without_torch():
+    # Its replica starts beside the ingress at every cold start; torch comes with the first
+    # job that carries tensors (unpickling them imports it) or splits.
+    code = "import sys, hybridflow.serve.jobs; print(sorted(m for m in ('torch', 'hybridflow.wire.split') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"
