@@ -289,7 +289,7 @@ def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
 
 def bench_grpc(proc: ServeProcess, quick: bool) -> dict[str, Any]:
     """`mlp` over gRPC beside the HTTP binary path, and the front's share of each path
-    (bench/grpc_path.py); an ``grpc_error`` says why a figure is missing."""
+    (bench/grpc_path.py); a ``grpc_error`` says why a figure is missing."""
     from bench.grpc_path import direct_ingress, front_breakdown, grpc_vs_http, ingress_replica_log
 
     n = 20 if quick else 60
