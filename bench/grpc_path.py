@@ -25,13 +25,20 @@ import json
 import re
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from bench.timing import timed
 
 MLP_SHAPE = (8, 2, 4096)
+
+
+class PairedP50s(NamedTuple):
+    grpc_ms: float
+    http_ms: float
+    same_answer: bool
+    samples: int  # per path
 
 
 def paired_p50s(
@@ -44,9 +51,9 @@ def paired_p50s(
     token: str | None = None,
     warmup: int = 5,
     application: str | None = None,
-) -> tuple[float, float, bool]:
-    """(gRPC p50 ms, HTTP p50 ms, the same answer both ways) of ``n`` inferences of
-    ``model`` (input ``x``, output ``y``) on a random FP32 tensor of ``shape``."""
+) -> PairedP50s:
+    """The gRPC and HTTP p50s (ms) of ``n`` inferences of ``model`` (input ``x``, output
+    ``y``) on a random FP32 tensor of ``shape``, and whether both paths answered alike."""
     import tritonclient.grpc as tritongrpc
     import tritonclient.http as tritonhttp
 
@@ -80,7 +87,7 @@ def paired_p50s(
     finally:
         over_grpc.close()
         over_http.close()
-    return statistics.median(grpc_s) * 1e3, statistics.median(http_s) * 1e3, same
+    return PairedP50s(statistics.median(grpc_s) * 1e3, statistics.median(http_s) * 1e3, same, len(grpc_s))
 
 
 def grpc_vs_http(
@@ -98,14 +105,14 @@ def grpc_vs_http(
     service has one; ``application``: the Serve application's name, which Serve's gRPC
     routing needs where a config has several). ``grpc_over_http`` is the ratio of the p50s
     (below 1: gRPC faster)."""
-    grpc_p50, http_p50, same = paired_p50s(url, grpc_address, "mlp", shape, n, rounds, token, warmup, application)
+    mlp = paired_p50s(url, grpc_address, "mlp", shape, n, rounds, token, warmup, application)
     return {
-        "grpc_mlp_p50_ms": grpc_p50,
-        "http_mlp_p50_ms": http_p50,
-        "grpc_over_http": grpc_p50 / http_p50,
+        "grpc_mlp_p50_ms": mlp.grpc_ms,
+        "http_mlp_p50_ms": mlp.http_ms,
+        "grpc_over_http": mlp.grpc_ms / mlp.http_ms,
         "shape": list(shape),
-        "samples": max(1, n // rounds) * rounds,
-        "same_answer": same,
+        "samples": mlp.samples,
+        "same_answer": mlp.same_answer,
     }
 
 
@@ -127,10 +134,10 @@ def front_breakdown(url: str, grpc_address: str, direct: tuple[str, str], n: int
     and ``<path>_front_added_ms``, what the front adds to each path."""
     out: dict[str, Any] = {}
     for suffix, (http_url, grpc_at) in (("", (url, grpc_address)), ("_direct", direct)):
-        grpc_p50, http_p50, _ = paired_p50s(http_url, grpc_at, "echo", shape, n, application=application)
-        out[f"grpc_echo{suffix}_p50_ms"] = grpc_p50
-        out[f"http_echo{suffix}_p50_ms"] = http_p50
-        out[f"echo{suffix}_grpc_over_http"] = grpc_p50 / http_p50
+        echo = paired_p50s(http_url, grpc_at, "echo", shape, n, application=application)
+        out[f"grpc_echo{suffix}_p50_ms"] = echo.grpc_ms
+        out[f"http_echo{suffix}_p50_ms"] = echo.http_ms
+        out[f"echo{suffix}_grpc_over_http"] = echo.grpc_ms / echo.http_ms
     for path in ("grpc", "http"):
         out[f"{path}_front_added_ms"] = out[f"{path}_echo_p50_ms"] - out[f"{path}_echo_direct_p50_ms"]
     return out
@@ -141,6 +148,16 @@ def ingress_replica_log(log_dir: Path, application: str) -> str:
     (the first one, where there are several), or ``""``."""
     logs = sorted(log_dir.glob(f"replica_{application}_ingress_*.log"))
     return logs[0].read_text(errors="replace") if logs else ""
+
+
+def service_figures(url: str, grpc_address: str, session_dir: Path, n: int, application: str) -> dict[str, Any]:
+    """:func:`grpc_vs_http`, and :func:`front_breakdown` where the ingress replica of
+    ``application`` (its Serve log under ``session_dir``) has ports of its own."""
+    out = grpc_vs_http(url, grpc_address, n, application=application)
+    direct = direct_ingress(ingress_replica_log(session_dir / "logs" / "serve", application))
+    if direct is not None:
+        out.update(front_breakdown(url, grpc_address, direct, n, application=application))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,11 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 
         service = ServeProcess().start()
         try:
-            result = grpc_vs_http(service.url, service.grpc_address, args.n)
-            direct = direct_ingress(ingress_replica_log(service.session_dir() / "logs" / "serve", "hybridflow"))
-            if direct is not None:
-                result.update(front_breakdown(service.url, service.grpc_address, direct, args.n,
-                                              application="hybridflow"))
+            result = service_figures(service.url, service.grpc_address, service.session_dir(), args.n, "hybridflow")
         finally:
             service.kill()
     print(json.dumps(result, indent=1))

@@ -290,18 +290,12 @@ def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
 def bench_grpc(proc: ServeProcess, quick: bool) -> dict[str, Any]:
     """`mlp` over gRPC beside the HTTP binary path, and the front's share of each path
     (bench/grpc_path.py); a ``grpc_error`` says why a figure is missing."""
-    from bench.grpc_path import direct_ingress, front_breakdown, grpc_vs_http, ingress_replica_log
+    from bench.grpc_path import service_figures
 
-    n = 20 if quick else 60
-    out: dict[str, Any] = {}
     try:
-        out.update(grpc_vs_http(proc.url, proc.grpc_address, n=n, application="hybridflow"))
-        direct = direct_ingress(ingress_replica_log(proc.session_dir() / "logs" / "serve", "hybridflow"))
-        if direct is not None:  # Serve's direct ingress: the replica has ports of its own
-            out.update(front_breakdown(proc.url, proc.grpc_address, direct, n=n, application="hybridflow"))
-    except Exception as exc:  # the other figures stand; latest.json says why this one is missing
-        out["grpc_error"] = f"{type(exc).__name__}: {exc}"
-    return out
+        return service_figures(proc.url, proc.grpc_address, proc.session_dir(), 20 if quick else 60, "hybridflow")
+    except Exception as exc:  # the other figures stand; latest.json says why these are missing
+        return {"grpc_error": f"{type(exc).__name__}: {exc}"}
 
 
 def bench_batching(url: str, quick: bool) -> dict[str, Any]:
