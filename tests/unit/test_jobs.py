@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import subprocess
-import sys
 import weakref
 from types import SimpleNamespace
 
@@ -17,6 +15,7 @@ import torch
 
 from hybridflow.control.contract import CallRequest, CallResult, ControllerError, ErrorKind
 from hybridflow.serve.jobs import JobsDeployment
+from tests.unit.fresh_interpreter import assert_fresh_python_prints_ok
 
 Jobs = JobsDeployment.func_or_class
 
@@ -127,6 +126,8 @@ def test_split_pieces_and_forgotten_jobs_leave_no_keys_behind():
 def test_the_jobs_replica_starts_without_torch():
     # Its replica starts beside the ingress at every cold start; torch comes with the first
     # job that carries tensors (unpickling them imports it) or splits.
-    code = "import sys, hybridflow.serve.jobs; print(sorted(m for m in ('torch', 'hybridflow.wire.split') if m in sys.modules))"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert done.stdout.strip() == "[]"
+    assert_fresh_python_prints_ok(
+        "import sys, hybridflow.serve.jobs; "
+        "loaded = [m for m in ('torch', 'hybridflow.wire.split') if m in sys.modules]; "
+        "assert not loaded, f'the jobs module loaded {loaded}'; print('ok')"
+    )

@@ -4,8 +4,6 @@ padding, key operations and pickling, as pure functions (no Ray)."""
 from __future__ import annotations
 
 import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -24,6 +22,7 @@ from single_controller.protocol import (
     union_tensor_dict,
     unpad_dataproto,
 )
+from tests.unit.fresh_interpreter import assert_fresh_python_prints_ok
 
 
 def sample(rows: int = 6) -> DataProto:
@@ -33,13 +32,6 @@ def sample(rows: int = 6) -> DataProto:
         meta_info={"step": 3},
     )
 
-
-
-def assert_fresh_python_prints_ok(code: str) -> None:
-    """Runs ``code`` in a new interpreter (nothing imported yet) and expects it to print ok."""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
 
 
 def test_importing_the_package_stays_cheap_and_serves_dataproto_lazily():
