@@ -13,12 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tests.serve_process import CONFIG, ServeProcess
 
@@ -52,18 +55,49 @@ def _processes(session: int) -> dict[int, tuple[str, str, float]]:
     return found
 
 
+#: Kinds of process, as :func:`kind_of` names them.
+RAY = "ray system and serve run"
+SERVE = "serve (controller, proxies, build task)"
+REPLICAS = "controller and ingress replicas"
+WORKERS = "group workers and tasks"
+IDLE = "idle Ray workers"
+STARTING = "starting Ray workers"
+#: Ray's own actors (a node's agents) and Serve's, by the start of their title's name.
+_RAY_ACTORS = ("DashboardAgent", "RuntimeEnvAgent")
+_SERVE_ACTORS = ("ServeController", "ProxyActor", "HAProxyManager", "build_serve_application",
+                 "ServeReplica:noop")
+
+
 def kind_of(cmdline: str) -> str:
     """A process by what it is (Ray titles a worker ``ray::<actor or task>``)."""
     if not cmdline.startswith("ray::"):
-        return "starting Ray workers" if "default_worker.py" in cmdline else "ray system and serve run"
-    title = cmdline.split()[0]
-    if "ServeController" in title or "ProxyActor" in title or "ServeReplica:noop" in title:
-        return "serve (controller, proxy)"
-    if "ServeReplica" in title:
-        return "controller and ingress replicas"
-    if title == "ray::IDLE":
-        return "idle Ray workers"
-    return "group workers and tasks"
+        return STARTING if "default_worker.py" in cmdline else RAY
+    name = cmdline.split()[0].removeprefix("ray::")
+    if name.startswith(_RAY_ACTORS):
+        return RAY
+    if name.startswith(_SERVE_ACTORS):
+        return SERVE
+    if name.startswith("ServeReplica"):
+        return REPLICAS
+    if name == "IDLE":
+        return IDLE
+    return WORKERS
+
+
+Seen = tuple[str, str, float]  # (kind, title, CPU seconds) of a process
+
+
+def latest(previous: Seen | None, now: Seen) -> Seen:
+    """What a process is by its latest sample, with its CPU seconds so far. A worker's
+    title changes when it becomes an actor or runs a task; the idle title a task's worker
+    returns to (Serve's build task) does not replace what it did, nor does the empty
+    command line of a process that is exiting."""
+    kind, title, cpu = now
+    if previous is None:
+        return now
+    if not title or (kind in (IDLE, STARTING) and previous[0] not in (IDLE, STARTING)):
+        kind, title = previous[0], previous[1]
+    return kind, title, max(cpu, previous[2])
 
 
 class Sampler:
@@ -80,10 +114,8 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             now = _processes(self.session)
-            for pid, (kind, title, cpu) in now.items():
-                previous = self.last.get(pid)
-                # a process's title changes when it becomes an actor: keep the latest kind
-                self.last[pid] = (kind, title, max(cpu, previous[2] if previous else 0.0))
+            for pid, seen in now.items():
+                self.last[pid] = latest(self.last.get(pid), seen)
             self.peak_processes = max(self.peak_processes, len(now))
             self._stop.wait(self.period_s)
 
@@ -106,6 +138,14 @@ class Sampler:
                 for key, value in sorted(totals.items(), key=lambda item: -item[1])}
 
 
+    def cpu_of_kinds(self) -> dict[str, float]:
+        """CPU seconds by kind."""
+        totals: dict[str, float] = defaultdict(float)
+        for kind, _, cpu in self.last.values():
+            totals[kind] += cpu
+        return dict(totals)
+
+
 def machine_busy() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine so far (every session's work)."""
     fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -113,45 +153,108 @@ def machine_busy() -> tuple[float, float]:
     return (sum(fields) - idle) / TICKS, sum(fields) / TICKS
 
 
+#: Figure names of the kinds, the workers' three kinds counted as one (a rank's process is
+#: a starting worker, then an idle one, then the rank).
+FIGURE_OF_KIND = {RAY: "ray", SERVE: "serve", REPLICAS: "replicas", WORKERS: "workers", IDLE: "workers",
+                  STARTING: "workers"}
+
+
+def cpu_figures(service: Mapping[str, float], floor: Mapping[str, float]) -> dict[str, float]:
+    """The cold start's CPU seconds (``service`` and ``floor``: seconds by kind):
+    ``cold_start_cpu_s`` and ``cold_start_floor_cpu_s``, their ratio, the service's by kind
+    (``cold_start_cpu_<ray|serve|replicas|workers>_s``; Ray's processes hold ``serve run``
+    and HAProxy) and the floor's workers' (``cold_start_floor_cpu_workers_s``)."""
+    out = {"cold_start_cpu_s": sum(service.values()), "cold_start_floor_cpu_s": sum(floor.values())}
+    out["cold_start_cpu_ratio"] = out["cold_start_cpu_s"] / max(out["cold_start_floor_cpu_s"], 1e-9)
+    for name in dict.fromkeys(FIGURE_OF_KIND.values()):
+        out[f"cold_start_cpu_{name}_s"] = sum(v for k, v in service.items() if FIGURE_OF_KIND.get(k) == name)
+    out["cold_start_floor_cpu_workers_s"] = sum(v for k, v in floor.items() if FIGURE_OF_KIND.get(k) == "workers")
+    return out
+
+
+class Measured(NamedTuple):
+    """A start's wall seconds, its processes' CPU (the sampler), and the share of the
+    machine's CPU that was busy meanwhile (every process's, not only the start's)."""
+
+    wall_s: float
+    sampler: Sampler
+    machine_busy_fraction: float
+
+
+def _busy_since(busy0: float, total0: float) -> float:
+    busy1, total1 = machine_busy()
+    return (busy1 - busy0) / max(total1 - total0, 1e-9)
+
+
+def measured_start(proc: ServeProcess, timeout_s: float = 900, ready_path: str = "/readyz") -> Measured:
+    """Starts ``proc`` (a ``serve run`` in a session of its own) and waits until
+    ``ready_path`` answers, sampling the session's processes meanwhile."""
+    busy0, total0 = machine_busy()
+    start = time.perf_counter()
+    failed: list[BaseException] = []
+    done = threading.Event()
+
+    def starter() -> None:
+        try:
+            proc.start(timeout_s=timeout_s, ready_path=ready_path)
+        except BaseException as exc:  # raised again in the caller's thread
+            failed.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=starter, daemon=True).start()
+    while proc.proc is None and not done.is_set():
+        time.sleep(0.01)
+    with Sampler(proc.proc.pid if proc.proc is not None else -1) as sampler:
+        done.wait()
+        wall = time.perf_counter() - start
+    if failed:
+        raise failed[0]
+    return Measured(wall, sampler, _busy_since(busy0, total0))
+
+
+def measured_run(argv: list[str], cwd: Path, timeout_s: float) -> tuple[Measured, str]:
+    """Runs ``argv`` to its end in a session of its own, sampling the session's processes
+    (the ones it starts, Ray's included); its measure and its standard output."""
+    busy0, total0 = machine_busy()
+    start = time.perf_counter()
+    child = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    with Sampler(child.pid) as sampler:
+        try:
+            out, err = child.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+            raise
+        wall = time.perf_counter() - start
+    if child.returncode:
+        raise subprocess.CalledProcessError(child.returncode, argv, out, err)
+    return Measured(wall, sampler, _busy_since(busy0, total0)), out
+
+
 def profile(config: Path, env: dict[str, str], ready_path: str = "/readyz") -> dict[str, Any]:
     # ServeProcess removes a config other than the repository's when it stops: give it a copy
     copy = Path(tempfile.mkstemp(suffix=".yaml", dir=config.parent)[1])
     copy.write_text(config.read_text())
     proc = ServeProcess(config=copy, env=env)
-    busy0, total0 = machine_busy()
-    start = time.perf_counter()
-    proc_started = threading.Event()
     result: dict[str, Any] = {}
-
-    def starter() -> None:
-        try:
-            proc.start(timeout_s=900, ready_path=ready_path)
-        except Exception as exc:
-            result["error"] = f"{type(exc).__name__}: {exc}"
-        finally:
-            proc_started.set()
-
-    thread = threading.Thread(target=starter, daemon=True)
-    thread.start()
-    while proc.proc is None:
-        time.sleep(0.01)
     try:
-        with Sampler(proc.proc.pid) as sampler:
-            proc_started.wait()
-            wall = time.perf_counter() - start
-        busy1, total1 = machine_busy()
-        cpu = sampler.cpu_by(0)
+        start = measured_start(proc, 900, ready_path)
+        cpu = start.sampler.cpu_by(0)
         result.update({
-            "wall_s": wall,
+            "wall_s": start.wall_s,
             "cpu_s": sum(cpu.values()),
             "cpu_s_by_kind": cpu,
-            "cpu_s_by_title": sampler.cpu_by(1),
-            "processes": len(sampler.last),
-            "peak_processes": sampler.peak_processes,
+            "cpu_s_by_title": start.sampler.cpu_by(1),
+            "processes": len(start.sampler.last),
+            "peak_processes": start.sampler.peak_processes,
             # the share of the machine this start got, and how busy the machine was overall
-            "cores_used": sum(cpu.values()) / wall,
-            "machine_busy_fraction": (busy1 - busy0) / max(total1 - total0, 1e-9),
+            "cores_used": sum(cpu.values()) / start.wall_s,
+            "machine_busy_fraction": start.machine_busy_fraction,
         })
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         proc.kill()
         copy.unlink(missing_ok=True)

@@ -17,11 +17,12 @@ import httpx
 import torch
 import yaml
 
+from bench.cold_start import Measured, cpu_figures, measured_run, measured_start
 from bench.hops import breakdown
 from bench.library_figures import BATCH_CLIENTS, BATCH_SHAPE
 from bench.start_timeline import read_milestones
 from bench.timing import interleaved, p50, timed
-from tests.serve_process import ROOT, ServeProcess
+from tests.serve_process import CONFIG, ROOT, ServeProcess
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -51,11 +52,10 @@ def noop_only_config() -> Path:
     return path
 
 
-def cold_start(config: Path, ready_path: str) -> tuple[float, ServeProcess]:
+def cold_start(config: Path, ready_path: str) -> tuple[Measured, ServeProcess]:
+    """``serve run`` of ``config`` until ``ready_path`` answers, its processes sampled."""
     proc = ServeProcess(config=config)
-    start = time.perf_counter()
-    proc.start(timeout_s=600, ready_path=ready_path)
-    return time.perf_counter() - start, proc
+    return measured_start(proc, 600, ready_path), proc
 
 
 async def post_concurrently(url: str, path: str, body: dict, clients: int, seconds: float) -> tuple[int, float]:
@@ -168,17 +168,15 @@ def bench_floor(proc: ServeProcess, http: httpx.Client, n: int, seconds: float) 
     return out
 
 
-def cold_start_floor(config: Path) -> float:
-    """Seconds for one script to start the processes the config's groups start, with the
-    same imports (bench/floor_app.py's start_ranks), in a fresh interpreter."""
+def cold_start_floor(config: Path) -> Measured:
+    """One script starting the processes the config's groups start, with the same imports
+    (bench/floor_app.py's start_ranks), in a fresh interpreter, its processes sampled."""
     args = yaml.safe_load(config.read_text())["applications"][0]["args"]
     code = ("import json, sys; from bench.floor_app import start_ranks; "
             "print(start_ranks(json.loads(sys.argv[1])))")
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(rank_processes(args))], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, check=True)
-    float(done.stdout.strip().splitlines()[-1])  # the script's own figure, after its imports
-    return time.perf_counter() - started
+    measured, out = measured_run([sys.executable, "-c", code, json.dumps(rank_processes(args))], ROOT, 600)
+    float(out.strip().splitlines()[-1])  # the script's own figure, after its imports
+    return measured
 
 
 def start_milestones(proc: ServeProcess, launched_at: float, ready_at: float) -> dict[str, float]:
@@ -194,16 +192,28 @@ def start_milestones(proc: ServeProcess, launched_at: float, ready_at: float) ->
 
 def bench_http(quick: bool, library: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    noop_cold, noop_proc = cold_start(noop_only_config(), "/noop/ready")
+    noop_start, noop_proc = cold_start(noop_only_config(), "/noop/ready")
     noop_proc.kill()
-    out["cold_start_floor_s"] = cold_start_floor(bench_config())
+    noop_cold = noop_start.wall_s
+    floor = cold_start_floor(CONFIG)
+    out["cold_start_floor_s"] = floor.wall_s
+    # The cold start of serve_config.yaml as shipped (the bench's own config adds the no-op
+    # app, whose build and replica would start beside it).
     launched_at = time.time()
-    full_cold, proc = cold_start(bench_config(), "/readyz")
-    out.update(start_milestones(proc, launched_at, launched_at + full_cold))
+    full_start, shipped = cold_start(CONFIG, "/readyz")
+    full_cold = full_start.wall_s
+    try:
+        out.update(start_milestones(shipped, launched_at, launched_at + full_cold))
+    finally:
+        shipped.kill()
+    # Where the difference lies: the CPU each start's processes spent, by kind.
+    out.update(cpu_figures(full_start.sampler.cpu_of_kinds(), floor.sampler.cpu_of_kinds()))
+    out["cold_start_machine_busy_fraction"] = full_start.machine_busy_fraction
     out["cold_start_noop_s"] = noop_cold
     out["cold_start_service_s"] = full_cold
     out["cold_start_ratio"] = full_cold / noop_cold
     out["cold_start_floor_ratio"] = full_cold / out["cold_start_floor_s"]
+    _, proc = cold_start(bench_config(), "/readyz")  # the service the other figures are taken on
     n = 100 if quick else 400
     try:
         with httpx.Client(base_url=proc.url, timeout=300) as http:

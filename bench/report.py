@@ -130,6 +130,15 @@ SECTIONS = (
               "setup calls (Megatron, `init_model`) have returned",
               ("cold_start_service_s", "cold_start_floor_s", "cold_start_first_rank_s", "cold_start_ranks_up_s",
                "cold_start_ranks_set_up_s"), "lower"),
+            F("cold_start_cpu_ratio", "CPU seconds of every process of the two starts: the service's vs the "
+              "floor script's, sampled from /proc. On a machine busy throughout the start, wall time follows "
+              "CPU: the service's own share is Ray's processes with `serve run`, the dashboard and HAProxy "
+              "(`ray`), Serve's controller, proxies and build task (`serve`), the controller and ingress "
+              "replicas (`replicas`), and what its ranks do beyond the floor's (`workers`: Megatron's setup, "
+              "`init_model`, and the first weight sync where it begins before `/readyz`)",
+              ("cold_start_cpu_s", "cold_start_floor_cpu_s", "cold_start_cpu_ray_s", "cold_start_cpu_serve_s",
+               "cold_start_cpu_replicas_s", "cold_start_cpu_workers_s", "cold_start_floor_cpu_workers_s",
+               "cold_start_machine_busy_fraction"), "lower"),
         ),
     ),
     Section(

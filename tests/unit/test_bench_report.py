@@ -101,3 +101,24 @@ def test_the_grpc_section_shows_the_ratio_with_its_target_and_the_fronts_share(t
     assert "1.06x" in rows["`echo_direct_grpc_over_http`"]
     assert "| 5.00 ms |" in rows["`grpc_front_added_ms`"] and "| 1.50 ms |" in rows["`http_front_added_ms`"]
     assert "## Other figures" not in text  # every figure of the run is in its section
+
+
+def test_the_cold_start_rows_show_the_cpu_of_each_start_by_kind(tmp_path):
+    results = {
+        "machine": "2 cores", "when": "now", "cold_start_service_s": 46.0, "cold_start_floor_s": 30.0,
+        "cold_start_floor_ratio": 46.0 / 30.0, "cold_start_cpu_s": 82.0, "cold_start_floor_cpu_s": 58.0,
+        "cold_start_cpu_ratio": 82.0 / 58.0, "cold_start_cpu_ray_s": 7.5, "cold_start_cpu_serve_s": 8.0,
+        "cold_start_cpu_replicas_s": 4.7, "cold_start_cpu_workers_s": 61.8, "cold_start_floor_cpu_workers_s": 54.0,
+        "cold_start_machine_busy_fraction": 0.91,
+        "targets": {"cold_start_floor_ratio": {"label": "cold start / floor", "target": 1.3, "value": 46.0 / 30.0,
+                                               "met": False, "raw": ""}},
+    }
+    text = report.write_benchmarks_page(results, tmp_path / "benchmarks.md", results_dir=None).read_text()
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| `")}
+    assert rows["`cold_start_floor_ratio`"].endswith("| <= 1.30x (**missed**) |")
+    cpu = rows["`cold_start_cpu_ratio`"]
+    assert "1.41x" in cpu
+    assert "`cold_start_cpu_s` 82.0 s; `cold_start_floor_cpu_s` 58.0 s; `cold_start_cpu_ray_s` 7.50 s" in cpu
+    assert "`cold_start_cpu_serve_s` 8.00 s; `cold_start_cpu_replicas_s` 4.70 s" in cpu
+    assert "`cold_start_floor_cpu_workers_s` 54.0 s; `cold_start_machine_busy_fraction` 0.910" in cpu
+    assert "## Other figures" not in text  # every cold-start figure is in its section
