@@ -5,7 +5,9 @@ process it started (sampled from /proc while it comes up), by kind of process.
 
 On a machine whose cores are the limit, CPU seconds over cores is the floor of the
 wall time, and the kinds say where the CPU goes (Ray's own processes, Serve's, the
-controller replicas, the group workers).
+controller replicas, the group workers). ``make bench`` takes the same measure of the
+shipped config's start (:func:`measured_start`) and of its floor's script
+(:func:`measured_run`), and reports it by kind (:func:`cpu_figures`).
 """
 
 from __future__ import annotations
@@ -136,7 +138,6 @@ class Sampler:
             counts[entry[index]] += 1
         return {f"{key} (x{counts[key]})": round(value, 2)
                 for key, value in sorted(totals.items(), key=lambda item: -item[1])}
-
 
     def cpu_of_kinds(self) -> dict[str, float]:
         """CPU seconds by kind."""
