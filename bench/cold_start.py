@@ -20,8 +20,8 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Mapping
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -130,21 +130,24 @@ class Sampler:
         self._thread.join()
 
     def cpu_by(self, index: int) -> dict[str, float]:
-        """CPU seconds by kind (``index`` 0) or by title (1), largest first."""
-        totals: dict[str, float] = defaultdict(float)
-        counts: dict[str, int] = defaultdict(int)
-        for entry in self.last.values():
-            totals[entry[index]] += entry[2]
-            counts[entry[index]] += 1
+        """CPU seconds by kind (``index`` 0) or by title (1), largest first, each key with
+        its count of processes."""
+        totals = _totals((entry[index], entry[2]) for entry in self.last.values())
+        counts = Counter(entry[index] for entry in self.last.values())
         return {f"{key} (x{counts[key]})": round(value, 2)
                 for key, value in sorted(totals.items(), key=lambda item: -item[1])}
 
     def cpu_of_kinds(self) -> dict[str, float]:
         """CPU seconds by kind."""
-        totals: dict[str, float] = defaultdict(float)
-        for kind, _, cpu in self.last.values():
-            totals[kind] += cpu
-        return dict(totals)
+        return _totals((kind, cpu) for kind, _, cpu in self.last.values())
+
+
+def _totals(pairs: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """The seconds of each key, summed."""
+    totals: dict[str, float] = defaultdict(float)
+    for key, seconds in pairs:
+        totals[key] += seconds
+    return dict(totals)
 
 
 def machine_busy() -> tuple[float, float]:
@@ -167,9 +170,11 @@ def cpu_figures(service: Mapping[str, float], floor: Mapping[str, float]) -> dic
     and HAProxy) and the floor's workers' (``cold_start_floor_cpu_workers_s``)."""
     out = {"cold_start_cpu_s": sum(service.values()), "cold_start_floor_cpu_s": sum(floor.values())}
     out["cold_start_cpu_ratio"] = out["cold_start_cpu_s"] / max(out["cold_start_floor_cpu_s"], 1e-9)
+    by_figure = _totals((FIGURE_OF_KIND[kind], seconds) for kind, seconds in service.items())
     for name in dict.fromkeys(FIGURE_OF_KIND.values()):
-        out[f"cold_start_cpu_{name}_s"] = sum(v for k, v in service.items() if FIGURE_OF_KIND.get(k) == name)
-    out["cold_start_floor_cpu_workers_s"] = sum(v for k, v in floor.items() if FIGURE_OF_KIND.get(k) == "workers")
+        out[f"cold_start_cpu_{name}_s"] = by_figure.get(name, 0.0)
+    floor_by_figure = _totals((FIGURE_OF_KIND[kind], seconds) for kind, seconds in floor.items())
+    out["cold_start_floor_cpu_workers_s"] = floor_by_figure.get("workers", 0.0)
     return out
 
 
@@ -206,7 +211,9 @@ def measured_start(proc: ServeProcess, timeout_s: float = 900, ready_path: str =
     threading.Thread(target=starter, daemon=True).start()
     while proc.proc is None and not done.is_set():
         time.sleep(0.01)
-    with Sampler(proc.proc.pid if proc.proc is not None else -1) as sampler:
+    if proc.proc is None:  # it failed before serve run was launched
+        raise failed[0] if failed else RuntimeError("serve run was not launched")
+    with Sampler(proc.proc.pid) as sampler:
         done.wait()
         wall = time.perf_counter() - start
     if failed:
