@@ -33,7 +33,6 @@ def sample(rows: int = 6) -> DataProto:
     )
 
 
-
 def test_importing_the_package_stays_cheap_and_serves_dataproto_lazily():
     code = (
         "import sys, single_controller; "
