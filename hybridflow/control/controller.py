@@ -18,7 +18,6 @@ threads (``hybridflow.state.async_store``): a store that waits never stalls the 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from typing import Any
 
 import ray
@@ -36,6 +35,7 @@ from hybridflow.control.contract import (
     MethodSummary,
 )
 from hybridflow.control.durability import GroupDurability, PendingRecord, fresh_token
+from hybridflow.control.models import ModelServer
 from hybridflow.control.placement import DeploymentPlan
 from hybridflow.control.supervisor import (
     READY,
@@ -110,6 +110,8 @@ class GroupController:
         self.answers: IdempotencyCache[CallResult] = IdempotencyCache(limits.idempotency_keys, limits.idempotency_bytes)
         #: Weight syncs into the groups whose worker declares weights (hybridflow.control.weights).
         self.weights = WeightSyncs(self, self._unavailable, self.state.weights_directory(), request_timeout_s)
+        #: The deployment's OIP models, each one of its groups' methods.
+        self.models = ModelServer(deployment.models, self)
 
     async def open(self) -> None:
         """Claim every group's scope in the store (a fresh start discards it first);
@@ -134,9 +136,14 @@ class GroupController:
     # -- calls -------------------------------------------------------------------------
     @metrics.observed_call
     async def call(self, request: CallRequest) -> CallResult:
+        """Run one call, counted in the call metrics (:meth:`run`)."""
+        return await self.run(request)
+
+    async def run(self, request: CallRequest) -> CallResult:
         """Run one call. With an Idempotency-Key, a repeat of a call that got a final
         answer gets that answer and is not applied again; the same key with another
-        body is refused."""
+        body is refused. Not counted as a call: a model's group call runs here, and its
+        inference is what the metrics count."""
         if request.idempotency_key is None:
             return await self._call(request)
         key = (request.group, request.method, request.idempotency_key)
@@ -160,12 +167,13 @@ class GroupController:
         except IdempotencyConflict as exc:
             return CallResult(error=_error(ErrorKind.IDEMPOTENCY_CONFLICT, str(exc)))
 
+    def _unknown_group(self, name: str) -> ControllerError:
+        return _error(ErrorKind.UNKNOWN_GROUP, f"unknown group {name!r}; groups: {', '.join(self.groups)}")
+
     async def _call(self, request: CallRequest) -> CallResult:
         state = self.groups.get(request.group)
         if state is None:
-            return CallResult(error=_error(
-                ErrorKind.UNKNOWN_GROUP, f"unknown group {request.group!r}; groups: {', '.join(self.groups)}"
-            ))
+            return CallResult(error=self._unknown_group(request.group))
         if request.operation:  # the service's own operation on the group, not a worker method
             return await self.weights.run(state, request)
         info = state.methods.get(request.method)
@@ -200,7 +208,14 @@ class GroupController:
             except StateCodecError as exc:
                 result.error = _error(ErrorKind.BAD_ARGUMENTS, f"{request.method}: the state store cannot keep {exc}")
                 return result
-        await state.fence.passed()  # calls wait while a weight sync commits (hybridflow.control.fence)
+        try:  # calls wait while a weight sync commits (hybridflow.control.fence), within the deadline
+            if state.fence.closed:
+                await asyncio.wait_for(state.fence.passed(), self.request_timeout_s)
+        except TimeoutError:
+            result.error = _error(ErrorKind.TIMEOUT, (
+                f"{request.group}.{request.method} waited {self.request_timeout_s:g} s for a weight sync "
+                "into the group to finish, and was not run"))
+            return result
         group = state.group
         if state.status != READY or group is None:  # it may have changed while encoding or waiting
             result.error = self._unavailable(state)
@@ -310,15 +325,14 @@ class GroupController:
         return _error(ErrorKind.UNAVAILABLE, f"{message}; retry shortly", RETRY_AFTER_S)
 
     # -- operators ------------------------------------------------------------------------
-    def reset_group(self, name: str) -> GroupSummary | None:
+    def reset_group(self, name: str) -> GroupSummary | ControllerError:
         """Discard the group's stored state (journal, snapshot, answers, the answers this
         controller keeps in memory) and rebuild its unit fresh, in the background; other
         members of a colocated unit restore their own state. Works on a ready group and
-        on a failed one (the way out of a restore that cannot succeed). None for an
-        unknown group."""
+        on a failed one (the way out of a restore that cannot succeed)."""
         state = self.groups.get(name)
         if state is None or state.unit is None:
-            return None
+            return self._unknown_group(name)
 
         async def discard() -> None:
             await state.durability.reset()
@@ -362,10 +376,10 @@ class GroupController:
             weights_error=weights_error,
         )
 
-    async def describe_group(self, name: str) -> GroupSummary | None:
+    async def describe_group(self, name: str) -> GroupSummary | ControllerError:
         state = self.groups.get(name)
         if state is None:
-            return None
+            return self._unknown_group(name)
         summary = self._summary(state)
         group = state.group
         if state.status == READY and group is not None:
@@ -407,8 +421,3 @@ class GroupController:
 
 def _kept(result: CallResult) -> bool:
     return result.error is None or result.error.kind not in TRANSIENT
-
-
-def summary_dict(summary: GroupSummary) -> dict[str, Any]:
-    """A summary as JSON-ready data (the ingress's answer)."""
-    return dataclasses.asdict(summary)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from hybridflow.config import ModelConfig
-from hybridflow.control import metrics
+from hybridflow.control import metrics, model_statistics
 from hybridflow.control.batching import Batcher, Ran, run_alone
 from hybridflow.control.contract import CallRequest, ControllerError, ErrorKind, InferResult
 from hybridflow.control.supervisor import READY, as_asyncio
@@ -72,6 +72,12 @@ class ModelServer:
         self._specs[name] = (version, spec)
         return spec
 
+    def statistics(self, name: str) -> dict[str, Any] | ControllerError:
+        """The model's cumulative statistics, as Triton's statistics extension reports them."""
+        if name not in self.models:
+            return self._unknown(name)
+        return model_statistics.of(name).as_triton()
+
     async def metadata(self, name: str) -> dict[str, Any] | ControllerError:
         spec = await self.spec(name)
         if isinstance(spec, ControllerError):
@@ -112,7 +118,7 @@ class ModelServer:
     async def _run(self, model: ModelConfig, x: torch.Tensor) -> Ran:
         """One group call of the model's method on ``x`` (one request, or a batch), with
         the version of the weights it ran on."""
-        call = await self.controller.call(
+        call = await self.controller.run(
             CallRequest(model.group, model.method, args=[[x]] if model.dp_list else [x])
         )
         if call.error is not None:

@@ -1,5 +1,6 @@
-"""The FastAPI application of the ingress, built around a backend (the controllers' Serve
-handles in the service; anything with the same methods in tests)."""
+"""The FastAPI application of the ingress, built around a backend (the controllers, in the
+ingress's own process or behind Serve handles; anything with the same methods in tests)
+and the jobs deployment."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from hybridflow.control.backend import Backend, Jobs
 from hybridflow.http import oip
-from hybridflow.http.backend import Backend
 from hybridflow.http.errors import install_error_handlers
 from hybridflow.http.login_limit import LoginLimiter
 from hybridflow.http.routes import (
@@ -16,19 +17,20 @@ from hybridflow.http.routes import (
     docs,
     groups,
     health,
-    jobs,
     login,
     oip_extensions,
     status_page,
     weights,
 )
+from hybridflow.http.routes import jobs as job_routes
 from hybridflow.http.routes import oip as oip_routes
 from hybridflow.http.settings import IngressSettings
 
 
-def create_app(backend: Backend, settings: IngressSettings | dict[str, Any]) -> FastAPI:
-    """The HTTP API over ``backend``: health probes, groups and calls, jobs, weight syncs,
-    OIP v2 with its statistics and repository extensions, the status page, login and docs."""
+def create_app(backend: Backend, settings: IngressSettings | dict[str, Any], jobs: Jobs | None = None) -> FastAPI:
+    """The HTTP API over ``backend``: health probes, groups and calls, jobs (over ``jobs``;
+    404 without it), weight syncs, OIP v2 with its statistics and repository extensions,
+    the status page, login and docs."""
     app = FastAPI(
         title="HybridFlow single controller",
         version=oip.SERVER_VERSION,
@@ -38,11 +40,12 @@ def create_app(backend: Backend, settings: IngressSettings | dict[str, Any]) -> 
         openapi_url=None,
     )
     app.state.backend = backend
+    app.state.jobs = jobs
     app.state.settings = IngressSettings.model_validate(settings)
     app.state.login_limiter = LoginLimiter(app.state.settings.login_failures_per_minute)
     install_error_handlers(app)
     routers = (
-        health.router, oip_routes.probes, groups.router, jobs.router, admin.router, weights.router,
+        health.router, oip_routes.probes, groups.router, job_routes.router, admin.router, weights.router,
         oip_extensions.router,  # before the core OIP routes: /v2/models/stats is not a model
         oip_routes.router, status_page.router, login.router, docs.router,
     )

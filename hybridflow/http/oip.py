@@ -5,6 +5,7 @@ binary tensor data extension."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from importlib.metadata import version
 from typing import Any
 
 import torch
@@ -15,7 +16,8 @@ from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
 from hybridflow.wire.oip_messages import build_infer_response, parse_infer_request, requested_outputs
 
 SERVER_NAME = "hybridflow-single-controller"
-SERVER_VERSION = "0.2.0"
+#: The installed package's version (pyproject.toml holds it; nothing else states it).
+SERVER_VERSION = version("hybridflow-serve")
 #: Triton's names: the binary tensor data, statistics and model repository extensions
 #: (the repository's load and unload answer 400: the serve config fixes the models).
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_repository"]

@@ -117,7 +117,8 @@ class JobStatus(BaseModel):
     progress: float = Field(..., ge=0, le=1)
     split: int
     error: str | None = None
-    status_code: int | None = None
+    error_kind: str | None = Field(None, description="why a failed job failed (the ErrorKind's value, e.g. timeout)")
+    status_code: int | None = Field(None, description="the status a call would have answered (200 when succeeded)")
     submitted_at: float
     elapsed_s: float
 

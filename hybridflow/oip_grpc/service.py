@@ -24,6 +24,7 @@ import torch
 from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2 as pb
 
+from hybridflow.control.backend import Backend
 from hybridflow.control.contract import ControllerError, InferResult
 from hybridflow.oip_grpc.messages import (
     VERSION,
@@ -45,19 +46,6 @@ Incoming = bytes | Message
 #: Requests this large are parsed and decoded (and answers this large encoded) off the
 #: event loop, so one large request never stalls the others.
 OFF_LOOP_BYTES = 256 * 1024
-
-
-class InferenceBackend(Protocol):
-    """What the RPCs need of the controllers (a part of ``hybridflow.http.backend.Backend``,
-    which ``hybridflow.serve.backend.ServeBackend`` implements)."""
-
-    async def ready(self) -> dict[str, bool]: ...
-
-    async def model_metadata(self, model: str) -> dict[str, Any] | ControllerError: ...
-
-    async def model_ready(self, model: str) -> bool: ...
-
-    async def infer(self, model: str, inputs: dict[str, Any]) -> InferResult: ...
 
 
 class CallContext(Protocol):
@@ -134,19 +122,13 @@ def _encode(call: InferCall, chosen: list[str], result: InferResult) -> pb.Model
 
 
 class OipGrpcService:
-    """The RPCs over ``backend``; each takes the request's bytes (or its parsed message).
-    ``translate`` turns an exception the backend raises into the status to answer (None:
-    let it propagate, and Serve answers INTERNAL)."""
+    """The RPCs over ``backend`` (the controllers' backend, as the HTTP routes use it);
+    each takes the request's bytes (or its parsed message). A backend's error is a
+    ``ControllerError``, answered with its kind's code (``CODE_OF_KIND``)."""
 
-    def __init__(
-        self,
-        backend: InferenceBackend,
-        settings: GrpcSettings,
-        translate: Callable[[Exception], GrpcError | None] | None = None,
-    ) -> None:
+    def __init__(self, backend: Backend, settings: GrpcSettings) -> None:
         self.backend = backend
         self.settings = settings
-        self.translate = translate
 
     # -- the RPCs --------------------------------------------------------------------------
     async def server_live(self, request: Incoming, context: CallContext) -> pb.ServerLiveResponse:
@@ -261,11 +243,6 @@ class OipGrpcService:
             return await work()
         except GrpcError as exc:
             return self._refuse(context, exc, empty)
-        except Exception as exc:
-            translated = self.translate(exc) if self.translate is not None else None
-            if translated is None:
-                raise
-            return self._refuse(context, translated, empty)
 
     @staticmethod
     def _refuse(context: CallContext, error: GrpcError, empty: type[Answer]) -> Answer:

@@ -1,7 +1,6 @@
-"""The gRPC status codes the service answers: one table from the controllers' error kinds,
-one from the HTTP statuses the ingress's shared backend raises with (a controller that
-did not answer in time, a replica restarting), so both protocols refuse the same
-requests for the same reasons."""
+"""The gRPC status codes the service answers: one table from the controllers' error kinds
+(the HTTP side's is ``hybridflow.http.errors.STATUS_OF``), so both protocols refuse the
+same requests for the same reasons."""
 
 from __future__ import annotations
 
@@ -9,8 +8,7 @@ import grpc
 
 from hybridflow.control.contract import ControllerError, ErrorKind
 
-#: gRPC status of each kind of controller error (the HTTP side's table is
-#: hybridflow.http.errors.STATUS_OF).
+#: gRPC status of each kind of controller error.
 CODE_OF_KIND: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.UNKNOWN_GROUP: grpc.StatusCode.NOT_FOUND,
     ErrorKind.UNKNOWN_METHOD: grpc.StatusCode.NOT_FOUND,
@@ -23,22 +21,9 @@ CODE_OF_KIND: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.IDEMPOTENCY_CONFLICT: grpc.StatusCode.FAILED_PRECONDITION,
     ErrorKind.OVER_LIMIT: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.NOT_ENCODABLE: grpc.StatusCode.FAILED_PRECONDITION,
-}
-
-#: gRPC status of an HTTP status (as gRPC's own HTTP mapping and Triton use them).
-CODE_OF_HTTP: dict[int, grpc.StatusCode] = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    406: grpc.StatusCode.FAILED_PRECONDITION,
-    409: grpc.StatusCode.FAILED_PRECONDITION,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    415: grpc.StatusCode.INVALID_ARGUMENT,
-    422: grpc.StatusCode.INVALID_ARGUMENT,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+    # Applied on every rank and journaled, with no output to give: a retry would apply it
+    # again, so not a code a client retries on.
+    ErrorKind.COLLECT_FAILED: grpc.StatusCode.INTERNAL,
 }
 
 
@@ -56,10 +41,6 @@ class GrpcError(Exception):
     @classmethod
     def of(cls, error: ControllerError) -> GrpcError:
         return cls(CODE_OF_KIND[error.kind], error.message, error.retry_after_s)
-
-    @classmethod
-    def of_http(cls, status: int, message: str, retry_after_s: float | None = None) -> GrpcError:
-        return cls(CODE_OF_HTTP.get(status, grpc.StatusCode.INTERNAL), message, retry_after_s)
 
     def trailing_metadata(self) -> list[tuple[str, str]]:
         if not self.retry_after_s:

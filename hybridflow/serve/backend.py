@@ -1,75 +1,113 @@
-"""The routes' :class:`~hybridflow.http.backend.Backend` over Serve deployment handles:
-each call goes to the deployment the static route table names (one hop)."""
+"""The fronts' backend where the controllers live in replicas of their own: Serve handles
+to the controller deployments (:class:`ServeBackend`) and to the jobs deployment
+(:class:`ServeJobs`). Each request is one hop, to the deployment the static route table
+names. A replica that died under a request answers ``UNAVAILABLE`` with ``Retry-After``
+(Serve starts another, which restores its groups), one that does not answer within the
+request timeout and a margin ``TIMEOUT``: the same vocabulary as the controllers' own
+answers (``hybridflow.control.backend``)."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
 
-from hybridflow.control.contract import CallRequest, CallResult, ControllerError, GroupSummary, InferResult
-from hybridflow.http.errors import ApiError
+from hybridflow.control.contract import (
+    CallRequest,
+    CallResult,
+    ControllerError,
+    ErrorKind,
+    GroupSummary,
+    InferResult,
+)
 from hybridflow.http.settings import IngressSettings
 
-#: What a call raises when the controller replica it went to died (or is gone).
-CONTROLLER_GONE = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError)
-#: Seconds a client is told to wait while Serve restarts a controller replica.
-RESTART_RETRY_AFTER_S = 5
+T = TypeVar("T")
+
+#: What a call raises when the replica it went to died (or is gone).
+REPLICA_GONE = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError)
+#: Seconds a client is told to wait while Serve restarts a replica.
+RESTART_RETRY_AFTER_S = 5.0
+#: Seconds past the request timeout before a replica that has not answered is given up:
+#: the controller enforces the timeout on the workers, this only catches one that hangs.
+DEADLINE_MARGIN_S = 10.0
+
+
+async def within_deadline(answer: Awaitable[T], what: str, timeout_s: float) -> T | ControllerError:
+    """``answer``, or the error a front reports when its replica died or hangs."""
+    try:
+        return await asyncio.wait_for(answer, timeout=timeout_s + DEADLINE_MARGIN_S)
+    except TimeoutError:
+        return ControllerError(ErrorKind.TIMEOUT, f"{what} did not answer within {timeout_s:g} s")
+    except REPLICA_GONE as exc:
+        state = "failed to start (see serve run's output)" if isinstance(
+            exc, DeploymentUnavailableError) else "is restarting"
+        return ControllerError(
+            ErrorKind.UNAVAILABLE, f"the replica of {what} {state} ({type(exc).__name__}); retry shortly",
+            RESTART_RETRY_AFTER_S,
+        )
 
 
 class ServeBackend:
-    """Calls on the controller deployments' handles, routed by the static table."""
+    """The controllers' methods on their deployments' handles, routed by the static table."""
 
-    def __init__(self, controllers: dict[str, Any], settings: IngressSettings, jobs: Any = None) -> None:
+    def __init__(self, controllers: dict[str, Any], settings: IngressSettings) -> None:
         self.controllers = controllers
         self.settings = settings
-        self.jobs = jobs
 
-    async def _within_deadline(self, awaitable: Any, what: str) -> Any:
-        # The controller enforces the request timeout on the workers; this margin only
-        # catches a controller that does not answer at all.
-        try:
-            return await asyncio.wait_for(awaitable, timeout=self.settings.request_timeout_s + 10)
-        except TimeoutError:
-            raise ApiError(504, f"{what} did not answer within {self.settings.request_timeout_s:g} s") from None
-        except CONTROLLER_GONE as exc:
-            # The controller replica died under the request; Serve starts another, which
-            # restores its groups from the state store (unless it failed to deploy at all).
-            state = "failed to start (see serve run's output)" if isinstance(
-                exc, DeploymentUnavailableError) else "is restarting"
-            raise ApiError(
-                503, f"the controller of {what} {state} ({type(exc).__name__}); retry shortly",
-                {"Retry-After": str(RESTART_RETRY_AFTER_S)},
-            ) from None
+    def _group_owner(self, group: str) -> Any:
+        return self.controllers.get(self.settings.deployment_of(group) or "")
 
-    def _owner(self, group: str) -> Any:
-        name = self.settings.deployment_of(group)
-        if name is None or name not in self.controllers:
-            known = ", ".join(sorted(self.settings.groups))
-            raise ApiError(404, f"unknown group {group!r}; groups: {known}")
-        return self.controllers[name]
+    def _model_owner(self, model: str) -> Any:
+        route = self.settings.models.get(model)
+        return None if route is None else self.controllers.get(route.deployment)
+
+    def _unknown(self, kind: ErrorKind, name: str) -> ControllerError:
+        what, known = ("group", self.settings.groups) if kind is ErrorKind.UNKNOWN_GROUP else ("model", self.settings.models)
+        return ControllerError(kind, f"unknown {what} {name!r}; {what}s: {', '.join(sorted(known))}")
+
+    async def _on(self, owner: Any, method: str, what: str, *args: Any) -> Any:
+        return await within_deadline(getattr(owner, method).remote(*args), what, self.settings.request_timeout_s)
 
     async def _each(self, method: str) -> list[Any]:
         """Ask every controller at once; one that fails or is slow answers None, so the
         others' groups keep being served."""
-        calls = [self._within_deadline(getattr(h, method).remote(), n) for n, h in self.controllers.items()]
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        return [None if isinstance(r, BaseException) else r for r in results]
+        answers = await asyncio.gather(
+            *(self._on(handle, method, name) for name, handle in self.controllers.items()), return_exceptions=True
+        )
+        return [None if isinstance(a, (BaseException, ControllerError)) else a for a in answers]
 
     async def call(self, request: CallRequest) -> CallResult:
-        handle = self._owner(request.group)
-        return await self._within_deadline(handle.call.remote(request), f"{request.group}.{request.method}")
+        owner = self._group_owner(request.group)
+        if owner is None:
+            return CallResult(error=self._unknown(ErrorKind.UNKNOWN_GROUP, request.group))
+        answer = await self._on(owner, "call", f"{request.group}.{request.method}", request)
+        return CallResult(error=answer) if isinstance(answer, ControllerError) else answer
+
+    async def infer(self, model: str, inputs: dict[str, Any]) -> InferResult:
+        owner = self._model_owner(model)
+        if owner is None:
+            return InferResult(error=self._unknown(ErrorKind.UNKNOWN_MODEL, model))
+        answer = await self._on(owner, "infer", model, model, inputs)
+        return InferResult(error=answer) if isinstance(answer, ControllerError) else answer
 
     async def describe(self) -> list[GroupSummary]:
         return [summary for answer in await self._each("describe") if answer for summary in answer]
 
-    async def describe_group(self, group: str) -> GroupSummary | None:
-        return await self._within_deadline(self._owner(group).describe_group.remote(group), group)
+    async def describe_group(self, group: str) -> GroupSummary | ControllerError:
+        owner = self._group_owner(group)
+        if owner is None:
+            return self._unknown(ErrorKind.UNKNOWN_GROUP, group)
+        return await self._on(owner, "describe_group", group, group)
 
-    async def reset_group(self, group: str) -> GroupSummary | None:
-        return await self._within_deadline(self._owner(group).reset_group.remote(group), group)
+    async def reset_group(self, group: str) -> GroupSummary | ControllerError:
+        owner = self._group_owner(group)
+        if owner is None:
+            return self._unknown(ErrorKind.UNKNOWN_GROUP, group)
+        return await self._on(owner, "reset_group", group, group)
 
     async def ready(self) -> dict[str, bool]:
         status = {group: False for group in self.settings.groups}
@@ -77,37 +115,44 @@ class ServeBackend:
             status.update(answer or {})
         return status
 
-    def _model_owner(self, model: str) -> Any:
-        route = self.settings.models.get(model)
-        if route is None or route.deployment not in self.controllers:
-            raise ApiError(404, f"unknown model {model!r}; models: {', '.join(sorted(self.settings.models))}")
-        return self.controllers[route.deployment]
-
     async def model_metadata(self, model: str) -> dict[str, Any] | ControllerError:
-        return await self._within_deadline(self._model_owner(model).model_metadata.remote(model), model)
+        owner = self._model_owner(model)
+        if owner is None:
+            return self._unknown(ErrorKind.UNKNOWN_MODEL, model)
+        return await self._on(owner, "model_metadata", model, model)
 
     async def model_ready(self, model: str) -> bool:
-        return await self._within_deadline(self._model_owner(model).model_ready.remote(model), model)
-
-    async def infer(self, model: str, inputs: dict[str, Any]) -> InferResult:
-        return await self._within_deadline(self._model_owner(model).infer.remote(model, inputs), model)
+        owner = self._model_owner(model)
+        return owner is not None and await self._on(owner, "model_ready", model, model) is True
 
     async def model_statistics(self, model: str) -> dict[str, Any] | ControllerError:
-        return await self._within_deadline(self._model_owner(model).model_statistics.remote(model), model)
+        owner = self._model_owner(model)
+        if owner is None:
+            return self._unknown(ErrorKind.UNKNOWN_MODEL, model)
+        return await self._on(owner, "model_statistics", model, model)
 
-    # -- jobs -----------------------------------------------------------------------------
-    def _jobs(self) -> Any:
-        if self.jobs is None:
-            raise ApiError(404, "jobs are not enabled in this deployment")
-        return self.jobs
 
-    async def submit_job(self, request: CallRequest, split: int) -> dict[str, Any] | ControllerError:
-        owner = self.settings.deployment_of(request.group)
-        self._owner(request.group)
-        return await self._within_deadline(self._jobs().submit.remote(owner, request, split), "jobs")
+class ServeJobs:
+    """The jobs deployment's methods on its handle (``hybridflow.control.backend.Jobs``)."""
 
-    async def job(self, job_id: str, action: str = "status") -> dict[str, Any] | None:
-        return await self._within_deadline(getattr(self._jobs(), action).remote(job_id), "jobs")
+    def __init__(self, handle: Any, timeout_s: float) -> None:
+        self.handle = handle
+        self.timeout_s = timeout_s
 
-    async def list_jobs(self) -> list[dict[str, Any]]:
-        return await self._within_deadline(self._jobs().list_jobs.remote(), "jobs")
+    async def _on(self, method: str, *args: Any) -> Any:
+        return await within_deadline(getattr(self.handle, method).remote(*args), "jobs", self.timeout_s)
+
+    async def submit(self, controller: str, request: CallRequest, split: int) -> dict[str, Any] | ControllerError:
+        return await self._on("submit", controller, request, split)
+
+    async def status(self, job_id: str) -> dict[str, Any] | None | ControllerError:
+        return await self._on("status", job_id)
+
+    async def result(self, job_id: str) -> dict[str, Any] | None | ControllerError:
+        return await self._on("result", job_id)
+
+    async def cancel(self, job_id: str) -> dict[str, Any] | None | ControllerError:
+        return await self._on("cancel", job_id)
+
+    async def list_jobs(self) -> list[dict[str, Any]] | ControllerError:
+        return await self._on("list_jobs")

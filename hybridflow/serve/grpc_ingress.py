@@ -21,11 +21,10 @@ from typing import Any
 from ray.serve import metrics as serve_metrics
 from ray.serve.grpc_util import RayServegRPCContext
 
+from hybridflow.control.backend import Backend
 from hybridflow.http import oip
-from hybridflow.http.errors import ApiError
 from hybridflow.http.settings import IngressSettings
-from hybridflow.oip_grpc.service import GrpcSettings, InferenceBackend, OipGrpcService
-from hybridflow.oip_grpc.status import GrpcError
+from hybridflow.oip_grpc.service import GrpcSettings, OipGrpcService
 
 
 def grpc_settings(settings: IngressSettings) -> GrpcSettings:
@@ -40,23 +39,14 @@ def grpc_settings(settings: IngressSettings) -> GrpcSettings:
     )
 
 
-def translate(exc: Exception) -> GrpcError | None:
-    """The status of an error the shared backend raises as an HTTP one (a controller that
-    did not answer in time, a controller replica restarting)."""
-    if isinstance(exc, ApiError):
-        retry_after = exc.headers.get("Retry-After")
-        return GrpcError.of_http(exc.status, exc.message, float(retry_after) if retry_after else None)
-    return None
-
-
 class GrpcIngress:
     """The RPC methods of an ingress deployment; its ``__init__`` calls :meth:`serve_grpc`."""
 
     oip_grpc: OipGrpcService
     grpc_requests: serve_metrics.Counter
 
-    def serve_grpc(self, backend: InferenceBackend, settings: IngressSettings) -> None:
-        self.oip_grpc = OipGrpcService(backend, grpc_settings(settings), translate)
+    def serve_grpc(self, backend: Backend, settings: IngressSettings) -> None:
+        self.oip_grpc = OipGrpcService(backend, grpc_settings(settings))
         self.grpc_requests = serve_metrics.Counter(
             "hybridflow_grpc_requests",
             description="OIP gRPC requests the ingress answered, by RPC and status code.",

@@ -1,11 +1,21 @@
-"""The one error type of the wire package."""
+"""The wire package's error, and the signal that an encoding is too large for the event loop."""
 
 from __future__ import annotations
 
-__all__ = ["WireError"]
+__all__ = ["AnswerTooLarge", "TooLargeForLoop", "WireError"]
 
 
 class WireError(ValueError):
     """Bytes or a value that cannot be decoded or encoded, or that pass a limit of
     :class:`wire.limits.WireLimits`. The message names what is wrong and where; a server
     answers it with a 4xx."""
+
+
+class TooLargeForLoop(Exception):
+    """An encoder given a share of the event loop (``loop_values``, ``loop_bytes``) found
+    the work larger than that share, before doing the costly part: run it in a thread."""
+
+
+class AnswerTooLarge(WireError):
+    """An answer over ``limits.max_json_output_values`` JSON values: it can be asked for
+    in a binary form instead."""

@@ -35,7 +35,7 @@ import torch
 
 from hybridflow.wire.dataproto import JSON_MARKER, build_dataproto, dataproto_document, is_dataproto
 from hybridflow.wire.dtypes import DATATYPE_OF, check_shape, numpy_to_torch, plain_cpu, torch_dtype
-from hybridflow.wire.errors import WireError
+from hybridflow.wire.errors import AnswerTooLarge, TooLargeForLoop, WireError
 from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
 from hybridflow.wire.tensordicts import (
     TENSORDICT_MARKER,
@@ -345,49 +345,75 @@ def _is_sequence(value: Any) -> bool:
     )
 
 
-def encode_json_value(value: Any, limits: WireLimits = DEFAULT_LIMITS) -> Any:
+def encode_json_value(value: Any, limits: WireLimits = DEFAULT_LIMITS, loop_values: int | None = None) -> Any:
     """A value (typically a method's collected output) as JSON-ready Python data; see the
-    module docstring for the rules. Raises :class:`WireError` for a tensor without a wire
-    datatype or nesting deeper than ``limits.max_depth``. Check the size first with
-    :func:`check_json_output`."""
-    return _encode(value, "output", 0, limits.max_depth)
+    module docstring for the rules. One walk that counts as it encodes (as
+    :func:`json_value_count` counts): :class:`WireError` for an answer of more than
+    ``limits.max_json_output_values`` values (pointing to safetensors), a tensor without a
+    wire datatype or nesting deeper than ``limits.max_depth``; :class:`TooLargeForLoop`
+    once the count passes ``loop_values`` (before that tensor's values are made), so an
+    event loop encodes a small answer at once and hands a large one to a thread."""
+    return _Encoder(limits, loop_values).encode(value, "output", 0)
 
 
-def _encode(value: Any, where: str, depth: int, max_depth: int) -> Any:
-    if depth > max_depth:
-        raise WireError(f"{where}: nests deeper than {max_depth} levels (a cycle?)")
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return _non_finite_out(float(value))
-    if isinstance(value, torch.Tensor):
-        return tensor_to_json(plain_cpu(value, where))
-    if is_dataproto(value):
-        document, tensors = dataproto_document(value, where)
-        batch = {name: tensor_to_json(plain_cpu(tensor, f"{where}.batch.{name}")) for name, tensor in tensors.items()}
-        return {JSON_MARKER: {**document, "batch": batch}}
-    if is_tensordict(value):
-        document, tensors = tensordict_document(value, where)
-        entries = map_tensor_leaves(document["tensors"], lambda name: tensor_to_json(plain_cpu(tensors[name], where)))
-        return {TENSORDICT_MARKER: {**document, "tensors": entries}}
-    if isinstance(value, np.ndarray):
-        if value.dtype.kind in "biuf":
-            return tensor_to_json(numpy_to_torch(value, where))
-        if value.dtype.kind in "OUS":
-            return _encode(value.tolist(), where, depth + 1, max_depth)
+class _Encoder:
+    def __init__(self, limits: WireLimits, loop_values: int | None) -> None:
+        self.max_values = limits.max_json_output_values
+        self.max_depth = limits.max_depth
+        self.loop_values = loop_values
+        self.count = 0
+
+    def take(self, values: int) -> None:
+        self.count += values
+        if self.count > self.max_values:
+            raise AnswerTooLarge(
+                f"the answer would be more than {self.max_values} JSON values "
+                "(limits.max_json_output_values); ask for it as safetensors (Accept: application/x-safetensors) "
+                "or OIP binary data"
+            )
+        if self.loop_values is not None and self.count > self.loop_values:
+            raise TooLargeForLoop()
+
+    def tensor(self, tensor: torch.Tensor, where: str) -> dict[str, Any]:
+        self.take(tensor.numel())
+        return tensor_to_json(plain_cpu(tensor, where))
+
+    def encode(self, value: Any, where: str, depth: int) -> Any:
+        if depth > self.max_depth:
+            raise WireError(f"{where}: nests deeper than {self.max_depth} levels (a cycle?)")
+        if isinstance(value, torch.Tensor):
+            return self.tensor(value, where)
+        self.take(1)
+        if value is None or isinstance(value, (bool, str)):
+            return value
+        if isinstance(value, int):
+            return int(value)
+        if isinstance(value, float):
+            return _non_finite_out(float(value))
+        if is_dataproto(value):
+            document, tensors = dataproto_document(value, where)
+            batch = {name: self.tensor(t, f"{where}.batch.{name}") for name, t in tensors.items()}
+            return {JSON_MARKER: {**document, "batch": batch}}
+        if is_tensordict(value):
+            document, tensors = tensordict_document(value, where)
+            entries = map_tensor_leaves(document["tensors"], lambda name: self.tensor(tensors[name], where))
+            return {TENSORDICT_MARKER: {**document, "tensors": entries}}
+        if isinstance(value, np.ndarray):
+            if value.dtype.kind in "biuf":
+                return self.tensor(numpy_to_torch(value, where), where)
+            if value.dtype.kind in "OUS":
+                return self.encode(value.tolist(), where, depth + 1)
+            return _opaque(value)
+        if isinstance(value, np.generic):
+            item = value.item()
+            return _opaque(value) if isinstance(item, np.generic) else self.encode(item, where, depth + 1)
+        if isinstance(value, Mapping):
+            return {
+                _json_key(k): self.encode(v, f"{where}.{_json_key(k)}", depth + 1) for k, v in value.items()
+            }
+        if _is_sequence(value):
+            return [self.encode(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
         return _opaque(value)
-    if isinstance(value, np.generic):
-        item = value.item()
-        return _opaque(value) if isinstance(item, np.generic) else _encode(item, where, depth + 1, max_depth)
-    if isinstance(value, Mapping):
-        return {
-            _json_key(k): _encode(v, f"{where}.{_json_key(k)}", depth + 1, max_depth) for k, v in value.items()
-        }
-    if _is_sequence(value):
-        return [_encode(v, f"{where}[{i}]", depth + 1, max_depth) for i, v in enumerate(value)]
-    return _opaque(value)
 
 
 def json_value_count(

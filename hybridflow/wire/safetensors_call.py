@@ -37,7 +37,7 @@ from hybridflow.wire.dtypes import (
     plain_cpu,
     tensor_from_buffer,
 )
-from hybridflow.wire.errors import WireError
+from hybridflow.wire.errors import TooLargeForLoop, WireError
 from hybridflow.wire.json_tensors import is_json_tensor, json_to_tensor, type_name
 from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
 from hybridflow.wire.strict_json import JsonBudget, dumps_compact, loads_strict, parse_counted
@@ -365,10 +365,15 @@ def pack_output(
     return named
 
 
-def encode_output_body(output: Any, limits: WireLimits = DEFAULT_LIMITS) -> bytes:
-    """A safetensors answer of a collected output (DataProtos and TensorDicts included)."""
+def encode_output_body(output: Any, limits: WireLimits = DEFAULT_LIMITS, loop_bytes: int | None = None) -> bytes:
+    """A safetensors answer of a collected output (DataProtos and TensorDicts included);
+    :class:`TooLargeForLoop` before any byte is copied when its tensors hold more than
+    ``loop_bytes``."""
     metadata: dict[str, str] = {}
-    return encode_safetensors(pack_output(output, limits=limits, metadata=metadata), metadata)
+    named = pack_output(output, limits=limits, metadata=metadata)
+    if loop_bytes is not None and sum(t.numel() * t.element_size() for t in named.values()) > loop_bytes:
+        raise TooLargeForLoop()
+    return encode_safetensors(named, metadata)
 
 
 def decode_output_body(body: bytes, prefix: str = "output", limits: WireLimits = DEFAULT_LIMITS) -> Any:

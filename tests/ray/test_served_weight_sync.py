@@ -22,7 +22,6 @@ from hybridflow.config import load_config
 from hybridflow.control.builder import PoolSet, units
 from hybridflow.control.contract import WEIGHTS_LAYOUT, WEIGHTS_SYNC, CallRequest, ErrorKind
 from hybridflow.control.controller import GroupController
-from hybridflow.control.models import ModelServer
 from hybridflow.control.placement import GpuBudget, plan_deployment
 
 MLP = "single_controller.models.mlp_worker:MLPLayerWorker"
@@ -76,7 +75,7 @@ def served(ray_cluster, loop, state_dir):
     pools = PoolSet(plan)
     controller = GroupController(deployment, plan, units(deployment, plan, pools), request_timeout_s=120,
                                  health_timeout_s=10, state=config.state)
-    models = ModelServer(deployment.models, controller)
+    models = controller.models
     run(loop, controller.start(), timeout=300)
     checks = asyncio.run_coroutine_threadsafe(_check_health(controller), loop)
     yield controller, models

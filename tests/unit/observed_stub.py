@@ -38,7 +38,7 @@ class ObservedStub:
     async def describe(self) -> list[GroupSummary]:
         return [summary(name) for name in GROUPS]
 
-    async def describe_group(self, group: str) -> GroupSummary | None:
+    async def describe_group(self, group: str) -> GroupSummary | ControllerError:
         found = summary(group)
         found.ranks = [
             {"rank": r, "local_rank": r, "node_id": "ab12cd34ef56" * 4, "node_ip": "10.0.0.7", "pid": 4000 + r,
@@ -65,4 +65,5 @@ def observed_app(token: str | None = None) -> Any:
         groups={name: deployment for name, (deployment, *_) in GROUPS.items()},
         models={name: ModelRoute(deployment=GROUPS[group][0], group=group, outputs=["y"]) for name, group in MODELS.items()},
     )
-    return create_app(ObservedStub(), settings)
+    stub = ObservedStub()
+    return create_app(stub, settings, stub)

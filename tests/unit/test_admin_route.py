@@ -1,13 +1,13 @@
 """``POST /v1/admin/groups/{group}/reset`` on the service's real app, over a backend
 stand-in that records what it is asked: token-protected like every route, 404 for a
-group the service does not serve (before the backend is asked), 202 with the group."""
+group the service does not serve (the backend's UNKNOWN_GROUP), 202 with the group."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from hybridflow.control.contract import GroupSummary, MethodSummary
+from hybridflow.control.contract import ControllerError, ErrorKind, GroupSummary, MethodSummary
 from hybridflow.http.app import create_app
 from hybridflow.http.settings import IngressSettings
 from tests.unit.served_app import served
@@ -19,7 +19,9 @@ class ResettingBackend:
     def __init__(self) -> None:
         self.resets: list[str] = []
 
-    async def reset_group(self, group: str) -> GroupSummary | None:
+    async def reset_group(self, group: str) -> GroupSummary | ControllerError:
+        if group not in ("counter", "other"):
+            return ControllerError(ErrorKind.UNKNOWN_GROUP, f"unknown group {group!r}")
         self.resets.append(group)
         return GroupSummary(
             name=group, deployment="d", world_size=2, resource_pool="pool [2]", worker_class="Counter",

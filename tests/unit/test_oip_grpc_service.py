@@ -18,7 +18,7 @@ from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 from hybridflow.control.contract import ControllerError, ErrorKind, InferResult  # noqa: E402
 from hybridflow.oip_grpc.registration import SERVED_RPCS, add_inference_service  # noqa: E402
 from hybridflow.oip_grpc.service import GrpcSettings, OipGrpcService  # noqa: E402
-from hybridflow.oip_grpc.status import GrpcError  # noqa: E402
+from hybridflow.oip_grpc.status import CODE_OF_KIND  # noqa: E402
 
 TOKEN = "s3cret-token"
 
@@ -78,10 +78,7 @@ class Backend:
 
 
 def service(backend: Backend, token: str | None = TOKEN, **settings: Any) -> OipGrpcService:
-    translate = settings.pop("translate", None)
-    return OipGrpcService(
-        backend, GrpcSettings(models={"checksum": ("y",)}, auth_token=token, **settings), translate
-    )
+    return OipGrpcService(backend, GrpcSettings(models={"checksum": ("y",)}, auth_token=token, **settings))
 
 
 def checksum_request(**kwargs: Any) -> pb.ModelInferRequest:
@@ -200,15 +197,7 @@ def test_bytes_that_are_not_the_message_are_invalid_argument():
         assert "is not a valid inference." in context.details
 
 
-@pytest.mark.parametrize(
-    ("kind", "code"),
-    [
-        (ErrorKind.BAD_INPUT, grpc.StatusCode.INVALID_ARGUMENT),
-        (ErrorKind.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE),
-        (ErrorKind.TIMEOUT, grpc.StatusCode.DEADLINE_EXCEEDED),
-        (ErrorKind.METHOD_RAISED, grpc.StatusCode.INVALID_ARGUMENT),
-    ],
-)
+@pytest.mark.parametrize(("kind", "code"), sorted(CODE_OF_KIND.items(), key=lambda item: item[0].value))
 def test_controller_errors_map_to_status_codes(kind, code):
     backend = Backend()
     backend.error = ControllerError(
@@ -220,19 +209,25 @@ def test_controller_errors_map_to_status_codes(kind, code):
     assert context.trailing == ([("retry-after", "2")] if kind is ErrorKind.UNAVAILABLE else [])
 
 
-def test_backend_exceptions_are_translated_or_propagate():
+def test_a_collect_failed_answers_internal_with_the_controllers_message():
+    """A mutating model call applied and journaled whose collect function failed: the
+    client reads that it counts, not a generic internal error."""
     backend = Backend()
-    backend.raises = TimeoutError("slow")
-
-    def translate(exc: Exception) -> GrpcError | None:
-        return GrpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "late") if isinstance(exc, TimeoutError) else None
-
+    message = ("checksum.forward was applied on every rank and journaled, but collecting its outputs failed "
+               "(ValueError: bad shapes): it counts, and has no output")
+    backend.error = ControllerError(ErrorKind.COLLECT_FAILED, message)
     context = Context(AUTHORIZED)
-    run(service(backend, translate=translate).model_infer(checksum_request(), context))
-    assert (context.code, context.details) == (grpc.StatusCode.DEADLINE_EXCEEDED, "late")
+    run(service(backend).model_infer(checksum_request(), context))
+    assert (context.code, context.details, context.trailing) == (grpc.StatusCode.INTERNAL, message, [])
+
+
+def test_an_exception_the_backend_raises_propagates():
+    """The backend answers errors as values; one that raises is a fault of the service,
+    which Serve answers as INTERNAL and logs."""
+    backend = Backend()
     backend.raises = KeyError("bug")
     with pytest.raises(KeyError):
-        run(service(backend, translate=translate).model_infer(checksum_request(), Context(AUTHORIZED)))
+        run(service(backend).model_infer(checksum_request(), Context(AUTHORIZED)))
 
 
 def test_metadata_and_readiness():

@@ -92,7 +92,9 @@ class StubBackend:
     async def describe(self) -> list[GroupSummary]:
         return [summary(name) for name in METHODS]
 
-    async def describe_group(self, group: str) -> GroupSummary | None:
+    async def describe_group(self, group: str) -> GroupSummary | ControllerError:
+        if group not in WORLD_SIZES:
+            return ControllerError(ErrorKind.UNKNOWN_GROUP, f"unknown group {group!r}")
         found = summary(group)
         found.ranks = [{"rank": r, "local_rank": r} for r in range(WORLD_SIZES[group])]
         return found
@@ -112,25 +114,36 @@ class StubBackend:
         x = inputs["x"]
         return InferResult(outputs={"y": x * 2, "z": x + 1})
 
-    # Jobs run at once; the first status poll says running, half done.
-    async def submit_job(self, request: CallRequest, split: int) -> dict[str, Any] | ControllerError:
-        result = await self.call(request)
+
+class StubJobs:
+    """Jobs run at once; the first status poll says running, half done."""
+
+    def __init__(self, backend: StubBackend) -> None:
+        self.backend = backend
+        self.state = backend.state
+
+    async def submit(self, controller: str, request: CallRequest, split: int) -> dict[str, Any] | ControllerError:
+        result = await self.backend.call(request)
         job = {"id": f"job-{len(self.state['jobs'])}", "group": request.group, "method": request.method,
                "status": "running", "progress": 0.5, "split": split, "error": None, "error_kind": None,
                "cancel_requested": False, "submitted_at": time.time(), "elapsed_s": 0.0}
         self.state["jobs"][job["id"]] = (job, result)
         return dict(job)
 
-    async def job(self, job_id: str, action: str = "status") -> dict[str, Any] | None:
-        job, result = self.state["jobs"][job_id]
+    async def status(self, job_id: str) -> dict[str, Any] | None:
+        job, _ = self.state["jobs"][job_id]
         shown = dict(job)
-        if action == "result":
-            return {"job": shown, "outcome": result}
-        if action == "cancel":
-            job["status"] = shown["status"] = "cancelled"
-        else:
-            job.update(status="succeeded", progress=1.0)
+        job.update(status="succeeded", progress=1.0)
         return shown
+
+    async def result(self, job_id: str) -> dict[str, Any] | None:
+        job, result = self.state["jobs"][job_id]
+        return {"job": dict(job), "outcome": result}
+
+    async def cancel(self, job_id: str) -> dict[str, Any] | None:
+        job, _ = self.state["jobs"][job_id]
+        job["status"] = "cancelled"
+        return dict(job)
 
     async def list_jobs(self) -> list[dict[str, Any]]:
         return [job for job, _ in self.state["jobs"].values()]
@@ -140,11 +153,11 @@ def make_service() -> tuple[Any, dict[str, Any]]:
     """The real app over the stub, wrapped to record each request's headers and body."""
     state: dict[str, Any] = {"ready": True, "seen": {}, "jobs": {}, "token": None}
     apps = {
-        token: create_app(StubBackend(state), IngressSettings(
+        token: create_app(stub := StubBackend(state), IngressSettings(
             auth_token=token,
             groups={name: "stub" for name in WORLD_SIZES},
             models={"double": ModelRoute(deployment="stub", group="any", outputs=["y", "z"])},
-        ))
+        ), StubJobs(stub))
         for token in (None, TOKEN)
     }
 

@@ -47,7 +47,7 @@ class WeightsBackend:
             return CallResult(error=ControllerError(ErrorKind.BAD_ARGUMENTS, "layouts do not fit"))
         return CallResult(output=REPORT, weights_version=2)
 
-    async def submit_job(self, request: CallRequest, split: int) -> dict:
+    async def submit(self, controller: str, request: CallRequest, split: int) -> dict:
         self.jobs.append((request, split))
         return {"id": "j1", "group": request.group, "method": request.method, "status": "queued", "progress": 0.0,
                 "split": split, "error": None, "error_kind": None, "cancel_requested": False,
@@ -62,7 +62,7 @@ def backend():
 @pytest.fixture(scope="module")
 def client(backend):
     groups = {"trainer": "mlp", "rollout": "mlp", "refusing": "mlp", "echo": "other"}
-    with served(create_app(backend, IngressSettings(auth_token=TOKEN, groups=groups))) as url:
+    with served(create_app(backend, IngressSettings(auth_token=TOKEN, groups=groups), backend)) as url:
         with httpx.Client(base_url=url, headers=AUTH) as opened:
             yield opened
 
@@ -87,7 +87,7 @@ def test_a_sync_as_a_job_answers_202_with_its_location(client, backend):
     answer = client.post("/v1/weights/rollout?job=true", json={"from": "trainer"})
     assert answer.status_code == 202, answer.text
     assert answer.headers["location"] == "/v1/jobs/j1"
-    assert answer.json()["status"] == "queued" and "error_kind" not in answer.json()
+    assert answer.json()["status"] == "queued" and answer.json()["error_kind"] is None
     ((request, split),) = backend.jobs
     assert request.operation and request.method == WEIGHTS_SYNC and split == 1 and backend.calls == []
 

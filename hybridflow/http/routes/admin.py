@@ -8,8 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from hybridflow.http.auth import require_token
-from hybridflow.http.errors import ApiError
-from hybridflow.http.routes.common import backend, errors, settings
+from hybridflow.http.routes.common import backend, errors, found
 from hybridflow.http.routes.groups import summary_json
 from hybridflow.http.schemas import GroupSummary
 
@@ -24,9 +23,4 @@ async def reset_group(group: str, request: Request) -> Any:
     keep theirs. The way out for a group whose stored state cannot be restored (status
     ``failed``); on a ready group it discards every acknowledged call. Answers at once:
     the group is ``rebuilding``, then ``ready`` (poll ``GET /v1/groups/{group}``)."""
-    if settings(request).deployment_of(group) is None:
-        raise ApiError(404, f"unknown group {group!r}")
-    summary = await backend(request).reset_group(group)
-    if summary is None:
-        raise ApiError(404, f"unknown group {group!r}")
-    return JSONResponse(summary_json(summary), status_code=202)
+    return JSONResponse(summary_json(found(await backend(request).reset_group(group))), status_code=202)

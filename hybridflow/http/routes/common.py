@@ -8,13 +8,14 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from hybridflow.control.contract import CallRequest
-from hybridflow.http.backend import Backend
+from hybridflow.control.backend import Backend, Jobs
+from hybridflow.control.contract import CallRequest, ControllerError
 from hybridflow.http.body import JSON, SAFETENSORS, body_kind, fingerprint, read_body
 from hybridflow.http.call_body import parse_call_body
 from hybridflow.http.errors import ApiError
 from hybridflow.http.schemas import ErrorResponse
 from hybridflow.http.settings import IngressSettings
+from hybridflow.wire.errors import TooLargeForLoop
 
 T = TypeVar("T")
 
@@ -53,6 +54,20 @@ def backend(request: Request) -> Backend:
     return request.app.state.backend
 
 
+def jobs(request: Request) -> Jobs:
+    found = request.app.state.jobs
+    if found is None:
+        raise ApiError(404, "jobs are not enabled in this deployment")
+    return found
+
+
+def found(answer: T | ControllerError) -> T:
+    """A backend's answer, or its error raised as the route's answer (``ApiError.of``)."""
+    if isinstance(answer, ControllerError):
+        raise ApiError.of(answer)
+    return answer
+
+
 def settings(request: Request) -> IngressSettings:
     return request.app.state.settings
 
@@ -62,6 +77,15 @@ async def off_loop(size: int, fn: Callable[..., T], *args: Any) -> T:
     if size >= OFF_LOOP_BYTES:
         return await asyncio.to_thread(fn, *args)
     return fn(*args)
+
+
+async def encoded(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, an encoder that takes ``loop_bytes``: on the loop while the work is
+    small, in a thread once it says the work is larger (``TooLargeForLoop``)."""
+    try:
+        return fn(*args, loop_bytes=OFF_LOOP_BYTES)
+    except TooLargeForLoop:
+        return await asyncio.to_thread(fn, *args)
 
 
 async def call_request(request: Request, group: str, method: str) -> CallRequest:

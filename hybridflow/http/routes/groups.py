@@ -12,9 +12,8 @@ from hybridflow.control.contract import CallResult, GroupSummary
 from hybridflow.http.auth import require_token
 from hybridflow.http.call_body import call_answer_body
 from hybridflow.http.errors import ApiError
-from hybridflow.http.routes.common import OFF_LOOP_BYTES, backend, call_request, errors, off_loop, settings
+from hybridflow.http.routes.common import backend, call_request, encoded, errors, found, settings
 from hybridflow.http.schemas import CALL_BODY_DOC, CallResponse, GroupDetail, GroupList
-from hybridflow.wire.json_tensors import json_value_count
 
 router = APIRouter(tags=["groups"], dependencies=[Depends(require_token)])
 
@@ -38,13 +37,8 @@ async def answer(request: Request, group: str, method: str, result: CallResult) 
         "execute_mode": result.execute_mode,
         "world_size": result.world_size,
     }
-    body, media = await off_loop(
-        8 * json_value_count(result.output, stop_above=OFF_LOOP_BYTES),
-        call_answer_body,
-        result.output,
-        envelope,
-        request.headers.get("accept"),
-        settings(request).wire_limits(),
+    body, media = await encoded(
+        call_answer_body, result.output, envelope, request.headers.get("accept"), settings(request).wire_limits()
     )
     return Response(body, media_type=media)
 
@@ -58,12 +52,7 @@ async def list_groups(request: Request) -> dict[str, Any]:
 @router.get("/v1/groups/{group}", response_model=GroupDetail, responses=errors(401, 404))
 async def get_group(group: str, request: Request) -> dict[str, Any]:
     """One group with per-rank details (rank, local rank, node, pid, GPU; tp/dp/pp for Megatron)."""
-    if settings(request).deployment_of(group) is None:
-        raise ApiError(404, f"unknown group {group!r}")
-    detail = await backend(request).describe_group(group)
-    if detail is None:
-        raise ApiError(404, f"unknown group {group!r}")
-    return summary_json(detail)
+    return summary_json(found(await backend(request).describe_group(group)))
 
 
 @router.post(

@@ -7,10 +7,10 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from hybridflow.control.contract import ControllerError, ErrorKind
+from hybridflow.control.contract import ErrorKind
 from hybridflow.http.auth import require_token
 from hybridflow.http.errors import STATUS_OF, ApiError
-from hybridflow.http.routes.common import backend, call_request, errors, settings
+from hybridflow.http.routes.common import call_request, errors, found, jobs, settings
 from hybridflow.http.routes.groups import answer
 from hybridflow.http.schemas import CALL_BODY_DOC, CallResponse, JobStatus
 
@@ -18,20 +18,19 @@ router = APIRouter(tags=["jobs"], dependencies=[Depends(require_token)])
 
 
 def public(job: dict[str, Any]) -> dict[str, Any]:
-    """A job as the API shows it: a failed job's error kind as the status a call would have answered."""
-    job = dict(job)
-    kind = job.pop("error_kind", None)
-    job["status_code"] = STATUS_OF[ErrorKind(kind)] if kind else (200 if job["status"] == "succeeded" else None)
-    return job
+    """A job as the API shows it: a failed job's error kind (``error_kind``) and the status
+    a call would have answered for it (``status_code``)."""
+    kind = job.get("error_kind")
+    return {**job, "status_code": STATUS_OF[ErrorKind(kind)] if kind else (200 if job["status"] == "succeeded" else None)}
 
 
 async def _job(request: Request, job_id: str, action: str = "status") -> dict[str, Any]:
-    found = await backend(request).job(job_id, action)
-    if found is None:
+    answer = found(await getattr(jobs(request), action)(job_id))
+    if answer is None:
         raise ApiError(404, f"unknown job {job_id!r}")
-    if "job" in found:
-        return {**found, "job": public(found["job"])}
-    return public(found)
+    if "job" in answer:
+        return {**answer, "job": public(answer["job"])}
+    return public(answer)
 
 
 @router.post(
@@ -50,15 +49,13 @@ async def submit_job(group: str, method: str, request: Request, split: int = 1) 
     if not 1 <= split <= limit:
         raise ApiError(422, f"split must be within [1, {limit}], got {split}")
     call = await call_request(request, group, method)
-    job = await backend(request).submit_job(call, split)
-    if isinstance(job, ControllerError):
-        raise ApiError.of(job)
+    job = found(await jobs(request).submit(settings(request).deployment_of(group), call, split))
     return JSONResponse(public(job), status_code=202, headers={"Location": f"/v1/jobs/{job['id']}"})
 
 
 @router.get("/v1/jobs", responses=errors(401))
 async def list_jobs(request: Request) -> dict[str, Any]:
-    return {"jobs": [public(job) for job in await backend(request).list_jobs()]}
+    return {"jobs": [public(job) for job in found(await jobs(request).list_jobs())]}
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobStatus, responses=errors(401, 404))

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from hybridflow.control.contract import ControllerError
 from hybridflow.http import oip
 from hybridflow.http.auth import require_token
 from hybridflow.http.body import JSON, OCTET_STREAM, media_type, read_body
 from hybridflow.http.errors import ApiError
 from hybridflow.http.oip_models import InferResponse, ModelMetadata, ServerMetadata
-from hybridflow.http.routes.common import backend, errors, off_loop, settings
+from hybridflow.http.routes.common import backend, errors, found, off_loop, settings
 from hybridflow.http.schemas import INFER_BODY_DOC
 from hybridflow.http.settings import ModelRoute
 
@@ -49,10 +49,7 @@ def model_route(request: Request, model: str) -> ModelRoute:
 @router.get("/v2/models/{model}", response_model=ModelMetadata, responses=errors(404))
 async def model_metadata(model: str, request: Request) -> dict[str, Any]:
     model_route(request, model)
-    found = await backend(request).model_metadata(model)
-    if isinstance(found, ControllerError):
-        raise ApiError.of(found)
-    return found
+    return found(await backend(request).model_metadata(model))
 
 
 @router.get("/v2/models/{model}/ready", responses=errors(404, 503))
@@ -83,8 +80,9 @@ async def infer(model: str, request: Request) -> Response:
     result = await backend(request).infer(model, inputs)
     if result.error is not None:
         raise ApiError.of(result.error)
+    answer_bytes = sum(t.numel() * t.element_size() for t in result.outputs.values() if isinstance(t, torch.Tensor))
     answer, header_length = await off_loop(
-        len(body), oip.response, model, inference, chosen, binary, result.outputs, result.answer_parameters()
+        answer_bytes, oip.response, model, inference, chosen, binary, result.outputs, result.answer_parameters()
     )
     if header_length is None:
         return Response(answer, media_type=JSON)

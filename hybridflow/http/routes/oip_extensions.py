@@ -16,12 +16,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import ValidationError
 
-from hybridflow.control.contract import ControllerError
 from hybridflow.http.auth import require_token
 from hybridflow.http.body import read_body
 from hybridflow.http.errors import ApiError
 from hybridflow.http.oip_models import ModelStatisticsResponse, RepositoryIndexRequest, RepositoryModel
-from hybridflow.http.routes.common import backend, errors, settings
+from hybridflow.http.routes.common import backend, errors, found, settings
 from hybridflow.http.routes.oip import model_route
 from hybridflow.wire.errors import WireError
 from hybridflow.wire.strict_json import loads_strict
@@ -37,10 +36,7 @@ READY, UNAVAILABLE = "READY", "UNAVAILABLE"
 
 async def _statistics(request: Request, models: list[str]) -> dict[str, Any]:
     answers = await asyncio.gather(*(backend(request).model_statistics(m) for m in models))
-    for answer in answers:
-        if isinstance(answer, ControllerError):
-            raise ApiError.of(answer)
-    return {"model_stats": answers}
+    return {"model_stats": [found(answer) for answer in answers]}
 
 
 @router.get("/v2/models/stats", response_model=ModelStatisticsResponse, responses=errors(401, 504))

@@ -10,11 +10,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from hybridflow.control.contract import WEIGHTS_LAYOUT, WEIGHTS_SYNC, CallRequest, ControllerError
+from hybridflow.control.contract import WEIGHTS_LAYOUT, WEIGHTS_SYNC, CallRequest
 from hybridflow.http.auth import require_token
 from hybridflow.http.body import JSON, body_kind, fingerprint, read_body
 from hybridflow.http.errors import ApiError
-from hybridflow.http.routes.common import MAX_IDEMPOTENCY_KEY_CHARS, backend, errors, settings
+from hybridflow.http.routes.common import MAX_IDEMPOTENCY_KEY_CHARS, backend, errors, found, jobs, settings
 from hybridflow.http.routes.jobs import public
 from hybridflow.http.schemas import JobStatus
 from hybridflow.wire.errors import WireError
@@ -97,9 +97,7 @@ async def sync_weights(group: str, request: Request, job: bool = False) -> Any:
     call = CallRequest(group, WEIGHTS_SYNC, kwargs={"from": source}, idempotency_key=key,
                        fingerprint=fingerprint(JSON, body) if key else None, operation=True)
     if job:
-        started = await backend(request).submit_job(call, 1)
-        if isinstance(started, ControllerError):
-            raise ApiError.of(started)
+        started = found(await jobs(request).submit(deployment, call, 1))
         return JSONResponse(public(started), status_code=202, headers={"Location": f"/v1/jobs/{started['id']}"})
     result = await backend(request).call(call)
     if result.error is not None:
