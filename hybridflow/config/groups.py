@@ -14,6 +14,8 @@ NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]{0,62}$"
 RESERVED_DEPLOYMENTS = frozenset({"ingress", "jobs"})
 WORKER_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 Datatype = Literal["BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "BF16", "FP32", "FP64"]
+#: How a group's calls reach its ranks (hybridflow.control.transport).
+Transport = Literal["compiled", "tasks", "auto"]
 
 
 class ConfigError(ValueError):
@@ -106,6 +108,12 @@ class GroupConfig(_Strict):
         None,
         description="a group of this deployment whose weights this group takes once both are ready at start "
         "(a weight sync: docs/weight-sync.md); both groups' workers declare weights",
+    )
+    transport: Transport = Field(
+        "auto",
+        description="how calls reach the ranks: compiled (one Ray Compiled Graph over the group's processes: no Ray "
+        "task per rank and call, but its ranks poll while idle), tasks (a Ray task per rank and call), auto "
+        "(compiled where the group can use it and its node has cores to spare for the polling ranks, else tasks)",
     )
 
     @field_validator("worker")

@@ -97,6 +97,7 @@ def _references(config: ServiceConfig) -> list[str]:
         if not problems:
             problems += _colocation_pools(deployment)
             problems += _weights_sources(deployment)
+            problems += _transports(deployment)
         for model in deployment.models:
             if model.group not in groups:
                 problems.append(
@@ -210,6 +211,29 @@ def _weights_sources(deployment: DeploymentConfig) -> list[str]:
         elif groups[source].plain_actor or source in colocated or group.name in colocated:
             problems.append(f"{where}: weight syncs need groups on processes of their own (no plain actor, "
                             f"no colocation); {source!r} or {group.name!r} is not")
+    return problems
+
+
+def graph_unfit(group: GroupConfig, deployment: DeploymentConfig) -> str | None:
+    """Why ``group`` cannot take its calls over a compiled graph (None: it can). The graph
+    runs beside the ranks' ordinary tasks, so every call that touches their state must go
+    through it: a plain actor has no graph step, colocated groups share processes with
+    other groups' calls, and a weight sync reads and writes the ranks outside it."""
+    if group.plain_actor:
+        return "a plain actor has no compiled-graph step (it is not a Worker)"
+    if any(group.name in members for members in colocations(deployment)):
+        return "its processes are shared with colocated groups"
+    if group.weights_from is not None or any(g.weights_from == group.name for g in deployment.groups):
+        return "it takes part in a weight sync, which reaches its ranks outside the graph"
+    return None
+
+
+def _transports(deployment: DeploymentConfig) -> list[str]:
+    problems = []
+    for group in deployment.groups:
+        why = graph_unfit(group, deployment) if group.transport == "compiled" else None
+        if why is not None:
+            problems.append(f"{_group_path(deployment, group)}.transport: compiled is refused: {why}")
     return problems
 
 

@@ -147,6 +147,8 @@ class GroupSummary:
     journal_length: int
     methods: list[MethodSummary]
     colocated_with: list[str] = field(default_factory=list)
+    #: How its calls reach its ranks: ``tasks`` or ``compiled`` (hybridflow.control.transport).
+    transport: str = "tasks"
     #: Why the group's latest snapshot failed (None once one is stored); the journal
     #: keeps every call meanwhile, and the snapshot is retried.
     snapshot_error: str | None = None

@@ -46,6 +46,7 @@ from hybridflow.control.supervisor import (
     failure_of,
     first_line,
 )
+from hybridflow.control.transport import node_cores, resolve_transports
 from hybridflow.control.weights import WeightSyncs
 from hybridflow.state.async_store import AsyncStore
 from hybridflow.state.codec import StateCodecError
@@ -75,9 +76,11 @@ class GroupController:
         health_timeout_s: float = 10.0,
         limits: LimitsConfig | None = None,
         state: StateConfig | None = None,
+        transports: dict[str, str] | None = None,
     ) -> None:
         """``state``: where the groups' state is kept (resolved: an absolute path); None
-        keeps it in memory."""
+        keeps it in memory. ``transports``: each group's, resolved
+        (``hybridflow.control.transport``); by default resolved for this deployment alone."""
         self.deployment = deployment
         self.plan = plan
         self.request_timeout_s = request_timeout_s
@@ -99,6 +102,11 @@ class GroupController:
                     self.state.snapshot_every, request_timeout_s,
                 ),
             )
+        if transports is None:
+            sizes = {name: plan.world_size(name) for name in self.groups}
+            transports = resolve_transports([deployment], sizes, node_cores())
+        for name, group_state in self.groups.items():
+            group_state.transport = transports[name]
         self.units: list[UnitState] = []
         for unit in units:
             state = UnitState(unit, [self.groups[name] for name in unit.members])
@@ -226,7 +234,7 @@ class GroupController:
             record = state.durability.pending(entry, call, request)
         version = self.weights.before_submission(state, group)
         try:
-            pending = group.submit(request.method, args, kwargs)
+            pending = state.caller.submit(request.method, args, kwargs)
         except Exception as exc:
             if entry is not None:
                 state.journal.abort(entry)
@@ -371,6 +379,7 @@ class GroupController:
             snapshot_error=state.durability.snapshots.error,
             methods=[MethodSummary(**info.describe()) for info in state.methods.values()],
             colocated_with=[m.name for m in state.unit.members if m is not state] if state.unit else [],
+            transport=state.transport,
             layout=layout,
             weights_version=weights_version,
             weights_error=weights_error,

@@ -26,6 +26,7 @@ from hybridflow.control.contract import (
 )
 from hybridflow.control.controller import GroupController
 from hybridflow.control.placement import DeploymentPlan
+from hybridflow.control.transport import node_cores, resolve_transports
 from single_controller.ray.tensor_transport import send_tensors_out_of_band
 
 logger = logging.getLogger(__name__)
@@ -71,9 +72,13 @@ class Controllers:
         # of torch's pickling); each rank still gets a writable tensor.
         send_tensors_out_of_band()
         placement_group = ray.util.get_current_placement_group()
+        configs = [DeploymentConfig.model_validate(deployment) for deployment in deployments]
+        # The ranks of every hosted deployment share this node's cores.
+        sizes = {group.name: plan.world_size(group.name) for config, plan in zip(configs, plans, strict=True)
+                 for group in config.groups}
+        transports = resolve_transports(configs, sizes, node_cores())
         controllers, pool_sets = [], []
-        for index, (deployment, plan) in enumerate(zip(deployments, plans, strict=True)):
-            config = DeploymentConfig.model_validate(deployment)
+        for index, (deployment, config, plan) in enumerate(zip(deployments, configs, plans, strict=True)):
             settings = ServiceConfig.model_validate({**service, "deployments": [deployment]})
             pools = PoolSet(plan, placement_group, shifts[index] if shifts else 0)
             controllers.append(GroupController(
@@ -82,6 +87,7 @@ class Controllers:
                 health_timeout_s=settings.health_timeout_s,
                 limits=settings.limits,
                 state=settings.state,
+                transports=transports,
             ))
             pool_sets.append(pools)
         return cls(controllers, pool_sets)

@@ -85,7 +85,7 @@ class Snapshots:
             return
         # Submitted now, with no await since seq was read: every rank runs it after the
         # calls numbered <= seq and before any later one.
-        futures = as_asyncio(group.execute_all_async(STATE_DICT))
+        futures = as_asyncio(member.caller.execute_all_async(STATE_DICT))
         member.running += 1
         try:
             _, waiting = await asyncio.wait(futures, timeout=self.request_timeout_s)

@@ -36,6 +36,7 @@ from hybridflow.control.builder import Unit
 from hybridflow.control.catalogue import MethodInfo
 from hybridflow.control.contract import first_line
 from hybridflow.control.fence import Fence
+from hybridflow.control.transport import COMPILED, TASKS
 from hybridflow.state.codec import StateCodecError
 from hybridflow.state.journal import Journal
 from hybridflow.state.store import StateMismatchError
@@ -61,8 +62,9 @@ def hopeless(exc: BaseException) -> bool:
 
 
 def as_asyncio(refs: list[Any]) -> list[asyncio.Future]:
-    """Ray futures as asyncio futures of the running loop."""
-    return [asyncio.wrap_future(ref.future()) for ref in refs]
+    """Ray futures as asyncio futures of the running loop (a compiled graph's channel
+    answers asyncio futures already)."""
+    return [ref if isinstance(ref, asyncio.Future) else asyncio.wrap_future(ref.future()) for ref in refs]
 
 
 def failure_of(exc: BaseException) -> tuple[bool, str]:
@@ -96,10 +98,20 @@ class GroupState:
     state_version: int = 0
     #: Holds new calls back while an operation must see none (a weight sync's commit).
     fence: Fence = field(default_factory=Fence)
+    #: How calls reach the ranks (hybridflow.control.transport): tasks, or compiled.
+    transport: str = TASKS
+    #: The running group's compiled graph, for a compiled transport.
+    channel: Any = None
 
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def caller(self) -> Any:
+        """What takes the running group's calls that read or change its ranks' state: its
+        compiled graph's channel, or the group itself (a Ray task per rank)."""
+        return self.channel if self.channel is not None else self.group
 
     @property
     def status(self) -> str:
@@ -175,17 +187,21 @@ class Supervisor:
     async def _bring_up(self, unit: UnitState) -> int:
         """Start the unit's processes and restore every member's stored state; returns
         the calls replayed. On a failure the new processes are shut down."""
-        groups = await asyncio.get_running_loop().run_in_executor(self._starts, unit.unit.start)
+        loop = asyncio.get_running_loop()
+        groups = await loop.run_in_executor(self._starts, unit.unit.start)
         for member in unit.members:
             member.group = groups[member.name]
         try:
             replayed = 0
             for member in unit.members:
                 replayed += await self.replay(member)
+            for member in unit.members:  # restored over tasks; served over the graph from now on
+                if member.transport == COMPILED:
+                    member.channel = await loop.run_in_executor(self._starts, member.group.graph_channel)
             return replayed
         except BaseException:
             for member in unit.members:
-                member.group = None
+                member.group = member.channel = None
             # colocated members share processes: one shutdown ends all (a replay may still run there)
             await asyncio.shield(asyncio.to_thread(groups[unit.members[0].name].shutdown))
             raise
@@ -269,7 +285,7 @@ class Supervisor:
         try:
             old = [member.group for member in unit.members if member.group is not None]
             for member in unit.members:
-                member.group = None
+                member.group = member.channel = None
             for group in old[:1]:  # colocated members share processes: one shutdown ends all
                 await asyncio.to_thread(group.shutdown)
             for member in unit.members:  # calls in flight on the old workers fail and settle first

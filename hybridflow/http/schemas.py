@@ -60,6 +60,8 @@ class GroupSummary(BaseModel):
     replayed_calls: int = Field(0, description="journaled calls replayed by rebuilds so far")
     journal_length: int = Field(0, description="acknowledged mutating calls a rebuild would replay")
     colocated_with: list[str] = Field(default_factory=list, description="groups sharing these processes")
+    transport: str = Field("tasks", description="how calls reach the ranks: tasks (a Ray task per rank) or compiled "
+                                                "(one Ray Compiled Graph over the group's processes)")
     snapshot_error: str | None = Field(
         None, description="why the latest snapshot failed (retried; the journal keeps every call meanwhile)"
     )

@@ -301,21 +301,26 @@ class WorkerGroup:
 
     execute_rank_zero = execute_rank_zero_async
 
-    def submit(self, method_name: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> PendingCall:
+    def submit(
+        self, method_name: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None, channel: Any = None
+    ) -> PendingCall:
         """Dispatch and submit a call to ``method_name`` without waiting for it: its
         registered modes when it has them, else execute_all's. Arguments travel as given
         in ``args`` and ``kwargs`` (no keyword of this method can be reached from them,
-        so a caller cannot switch blocking or any other control on)."""
+        so a caller cannot switch blocking or any other control on). ``channel``: what
+        takes the per-rank calls (its ``execute_all_async`` and ``execute_rank_zero_async``,
+        e.g. a compiled graph's ``GraphChannel``); the group's own transport by default."""
         args, kwargs = tuple(args), dict(kwargs or {})
+        channel = self if channel is None else channel
         spec = self._method_specs.get(method_name)
         if spec is None:
-            return PendingCall(self.execute_all_async(method_name, *args, **kwargs), list)
+            return PendingCall(channel.execute_all_async(method_name, *args, **kwargs), list)
         d_args, d_kwargs, padding = dispatch_arguments(self, method_name, spec, args, kwargs)
         collect_fn = spec.dispatch_spec.collect_fn
         if spec.execute_mode == Execute.RANK_ZERO:
-            future = self.execute_rank_zero_async(method_name, *d_args, **d_kwargs)
+            future = channel.execute_rank_zero_async(method_name, *d_args, **d_kwargs)
             return PendingCall([future], Collector(collect_fn, self, padding, single=True))
-        futures = self.execute_all_async(method_name, *d_args, **d_kwargs)
+        futures = channel.execute_all_async(method_name, *d_args, **d_kwargs)
         return PendingCall(futures, Collector(collect_fn, self, padding))
 
     def call_method(self, method_name: str, *args: Any, blocking: bool | None = None, **kwargs: Any) -> Any:

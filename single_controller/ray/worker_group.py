@@ -168,7 +168,7 @@ class RayWorkerGroup(WorkerGroup):
         #: What every role's group on these processes shares: the compiled graph, each
         #: rank's latest plain call while one exists (compiled calls wait for it), and the
         #: aliveness check.
-        self._shared: dict[str, Any] = {"compiled": None, "pending": {}, "aliveness": None}
+        self._shared: dict[str, Any] = {"compiled": None, "pending": {}, "aliveness": None, "channel": None}
         #: verl's fused-worker state: whether the class is a fused worker, and the role
         #: groups ``fuse`` made (also reachable as ``group.<role>``).
         self.fused_worker_used = bool(getattr(ray_cls_with_init, "fused_worker_used", False))
@@ -420,6 +420,16 @@ class RayWorkerGroup(WorkerGroup):
         ray.get([w._ping.remote() for w in self._workers], timeout=timeout_s)
 
     # -- compiled graph ---------------------------------------------------------------
+    def graph_channel(self, max_inflight: int = 16, read_timeout_s: float | None = None) -> Any:
+        """This group's calls over one compiled graph, for a caller on an asyncio loop
+        (:class:`single_controller.ray.graph_channel.GraphChannel`), compiled now
+        (blocking). The group's shutdown tears it down."""
+        from single_controller.ray.graph_channel import GraphChannel
+
+        channel = GraphChannel(self, max_inflight, read_timeout_s).compile()
+        self._shared["channel"] = channel
+        return channel
+
     def compile(self) -> Any:
         """This group's methods run through a Ray Compiled Graph (see
         :class:`single_controller.ray.compiled.CompiledWorkerGroup`), one graph per set
@@ -429,11 +439,14 @@ class RayWorkerGroup(WorkerGroup):
         return CompiledWorkerGroup(self)
 
     def _teardown_compiled(self) -> None:
-        """Release the processes' compiled graph, if any (the workers stay)."""
+        """Release the processes' compiled graphs, if any (the workers stay)."""
         compiled, self._shared["compiled"] = self._shared["compiled"], None
+        channel, self._shared["channel"] = self._shared.get("channel"), None
         self._shared["pending"] = {}
         if compiled is not None:
             compiled.teardown()
+        if channel is not None:
+            channel.teardown()
 
     def shutdown(self) -> None:
         """Kill this group's actors (the pool's placement groups stay for other groups),

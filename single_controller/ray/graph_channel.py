@@ -1,0 +1,176 @@
+"""A group's calls through one Ray Compiled Graph, for a caller on an asyncio event loop.
+
+``GraphChannel(group)`` compiles a graph over the group's processes (:meth:`compile`,
+blocking: run it in a thread) and then takes the group's calls the way its own Ray
+tasks take them: :meth:`submit` (the method's dispatch and collect, as
+``group.submit``), :meth:`execute_all_async` and :meth:`execute_rank_zero_async`, each
+answering asyncio futures of the calling loop, one per rank. A call is one write of
+every rank's arguments into the graph's shared input and one read per rank, instead of
+one Ray task submission per rank.
+
+Order: calls enter the graph in the order they were made (one writer thread, first in
+first out), and each rank runs the graph's steps in that order. The graph runs on each
+rank beside the actor's ordinary tasks (Ray gives it a thread of its own), so a caller
+that keeps one order on the ranks sends every call that reads or changes their state
+through the channel; pings and identity queries may stay ordinary tasks.
+
+Failures: a method that raises fails that call's futures with its ``RayTaskError`` and
+the graph stays usable. A lost rank, a read past ``read_timeout_s`` or a write that
+fails leave the graph out of step: every call in flight and every later call fails
+(``GraphClosed`` for the later ones) until the owner builds a new channel.
+
+Cost: while the graph exists every rank polls its input, idle or not (see
+``single_controller.ray.compiled``), so a channel suits groups on cores of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import ray
+
+from single_controller.base.worker_group import PendingCall, split_per_rank
+
+logger = logging.getLogger(__name__)
+
+#: One rank's step: ``(method, args, kwargs)``, or None where the call does not run.
+Step = tuple[str, tuple, dict] | None
+
+
+class GraphClosed(RuntimeError):
+    """The channel's graph was torn down, or failed and went out of step."""
+
+
+class GraphChannel:
+    """``group``'s calls over one compiled graph; ``max_inflight`` calls at once (later
+    ones wait for a slot, in order)."""
+
+    def __init__(self, group: Any, max_inflight: int = 16, read_timeout_s: float | None = None) -> None:
+        if max_inflight < 1:
+            raise ValueError(f"max_inflight must be at least 1, got {max_inflight}")
+        self.group = group
+        self.max_inflight = max_inflight
+        #: Seconds a rank's answer may take (None: as long as it takes); past it the graph
+        #: is out of step and closes.
+        self.read_timeout_s = read_timeout_s
+        self._graph: Any = None
+        self._closed: BaseException | None = None
+        self._slots = threading.Semaphore(max_inflight)
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graph-write")
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graph-read")
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world_size
+
+    @property
+    def compiled(self) -> bool:
+        return self._graph is not None and self._closed is None
+
+    def compile(self) -> GraphChannel:
+        """Build the graph over the group's processes (blocking: seconds). Calls already
+        submitted to the group as ordinary tasks finish first."""
+        from ray.dag import InputNode, MultiOutputNode
+
+        workers = self.group.workers
+        # The graph's steps run beside ordinary tasks: a ping queued behind every earlier
+        # task on each rank says they are done.
+        ray.get([w._ping.remote() for w in workers], timeout=self.read_timeout_s)
+        with InputNode() as steps:
+            dag = MultiOutputNode([w._execute_compiled.bind(steps[rank]) for rank, w in enumerate(workers)])
+        self._graph = dag.experimental_compile(_max_inflight_executions=self.max_inflight)
+        return self
+
+    # -- calls ------------------------------------------------------------------------------
+    def submit(self, method: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> PendingCall:
+        """``group.submit`` over the graph: the method's registered dispatch and collect."""
+        return self.group.submit(method, args, kwargs, channel=self)
+
+    def execute_all_async(self, method: str, *args: Any, **kwargs: Any) -> list[asyncio.Future]:
+        """Every rank, verl's execute_all rule for lists of world_size items."""
+        name = self.group._method_prefix + method
+        return self._send([(name, a, k) for a, k in split_per_rank(method, self.world_size, args, kwargs)])
+
+    def execute_rank_zero_async(self, method: str, *args: Any, **kwargs: Any) -> asyncio.Future:
+        steps: list[Step] = [None] * self.world_size
+        steps[0] = (self.group._method_prefix + method, args, kwargs)
+        return self._send(steps)[0]
+
+    def _send(self, steps: list[Step]) -> list[asyncio.Future]:
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in steps]
+        if not self.compiled:
+            _settle(futures, [(False, self._closed_error())] * len(steps))
+            return futures
+        self._writer.submit(self._write, loop, steps, futures)
+        return futures
+
+    # -- the writer and reader threads ---------------------------------------------------------
+    def _write(self, loop: asyncio.AbstractEventLoop, steps: list[Step], futures: list[asyncio.Future]) -> None:
+        self._slots.acquire()
+        try:
+            if not self.compiled:
+                raise self._closed_error()
+            refs = self._graph.execute(*steps)
+        except BaseException as exc:
+            self._slots.release()
+            self._close(exc)
+            loop.call_soon_threadsafe(_settle, futures, [(False, exc)] * len(steps))
+            return
+        self._reader.submit(self._read, loop, refs, futures)
+
+    def _read(self, loop: asyncio.AbstractEventLoop, refs: list[Any], futures: list[asyncio.Future]) -> None:
+        outcomes: list[tuple[bool, Any]] = []
+        try:
+            for ref in refs:  # every rank's answer is read, so the graph stays in step
+                try:
+                    outcomes.append((True, ray.get(ref, timeout=-1 if self.read_timeout_s is None else self.read_timeout_s)))
+                except ray.exceptions.RayTaskError as exc:  # the method raised: the graph goes on
+                    outcomes.append((False, exc))
+                except BaseException as exc:  # a lost rank, a timeout: out of step
+                    self._close(exc)
+                    outcomes.append((False, exc))
+        finally:
+            self._slots.release()
+        loop.call_soon_threadsafe(_settle, futures, outcomes)
+
+    # -- closing ---------------------------------------------------------------------------
+    def _closed_error(self) -> GraphClosed:
+        why = f": {type(self._closed).__name__}" if self._closed is not None else ""
+        return GraphClosed(f"the compiled graph of this group is closed{why}")
+
+    def _close(self, why: BaseException) -> None:
+        if self._closed is None:
+            self._closed = why
+            logger.warning("compiled graph closed: %s", why)
+
+    def teardown(self) -> None:
+        """Release the graph (the workers stay): calls in flight and calls waiting to be
+        written fail, later ones fail at once. Blocking; the owner calls it before it
+        shuts the group down."""
+        self._close(GraphClosed("torn down"))
+        graph, self._graph = self._graph, None
+        if graph is not None:
+            try:
+                graph.teardown()
+            except Exception as exc:  # its actors may be gone already
+                logger.info("compiled graph teardown: %s", exc)
+        # The writes still queued run and fail at once (each settles its futures); the
+        # reads end with the graph's channels.
+        self._writer.shutdown(wait=False)
+        self._reader.shutdown(wait=False)
+
+
+def _settle(futures: list[asyncio.Future], outcomes: list[tuple[bool, Any]]) -> None:
+    for future, (ok, value) in zip(futures, outcomes, strict=True):
+        if future.done():
+            continue
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
