@@ -39,7 +39,9 @@ def create_app(backend: Backend, settings: IngressSettings | dict[str, Any]) -> 
     )
     app.state.backend = backend
     app.state.settings = IngressSettings.model_validate(settings)
-    app.state.login_limiter = LoginLimiter(app.state.settings.login_failures_per_minute)
+    app.state.login_limiter = LoginLimiter(
+        app.state.settings.login_failures_per_minute, app.state.settings.login_failures_per_minute_total
+    )
     install_error_handlers(app)
     routers = (
         health.router, oip_routes.probes, groups.router, jobs.router, admin.router, weights.router,
