@@ -47,6 +47,13 @@ class LimitsConfig(_Strict):
     login_failures_per_minute: int = Field(
         10, ge=1, description="wrong tokens a client address may send to POST /login in a minute; more answer 429"
     )
+    login_failures_per_minute_total: int = Field(
+        100, ge=1, description="wrong tokens all clients together may send to POST /login in a minute (per ingress "
+        "replica), whatever address they come from; more answer 429 for every client"
+    )
+    weight_syncs_queued: int = Field(
+        4, ge=0, description="weight syncs that may wait per destination group while one runs; more answer 429"
+    )
 
     def wire(self) -> WireLimits:
         """The bounds the decoders (wire) take."""

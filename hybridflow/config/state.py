@@ -66,6 +66,10 @@ class StateConfig(_Strict):
         "beside the SQLite file, .hybridflow/weights with redis_url, a temporary directory with state in memory. "
         "On a cluster, a shared directory every node mounts at this path"
     )
+    weights_kept: int = Field(
+        2, ge=1, description="per group, the latest weight syncs whose shard files stay on disk (the latest is what "
+        "a restore loads); older ones are deleted unless a restore needs them (docs/weight-sync.md)"
+    )
 
     @field_validator("path", "redis_url", "weights_dir")
     @classmethod

@@ -117,7 +117,8 @@ class GroupController:
                                      replay_timeout_s=self.state.replay_timeout_s)
         self.answers: IdempotencyCache[CallResult] = IdempotencyCache(limits.idempotency_keys, limits.idempotency_bytes)
         #: Weight syncs into the groups whose worker declares weights (hybridflow.control.weights).
-        self.weights = WeightSyncs(self, self._unavailable, self.state.weights_directory(), request_timeout_s)
+        self.weights = WeightSyncs(self, self._unavailable, self.state.weights_directory(), request_timeout_s,
+                                   queued=limits.weight_syncs_queued, kept=self.state.weights_kept)
         #: The deployment's OIP models, each one of its groups' methods.
         self.models = ModelServer(deployment.models, self)
 

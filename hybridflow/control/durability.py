@@ -30,6 +30,14 @@ Restore (at start, after a replica restart or a new ``serve run``, and on every 
     replaces all it did. Later calls are numbered after the stored ones. The supervisor
     bounds a restore by ``state.replay_timeout_s``.
 
+Restore points (a group without snapshots)
+    A group that takes no snapshots would replay its journal from its first call. One of
+    the service's own operations (a weight sync) may instead become its restore point
+    (:meth:`GroupDurability.store_restore_point`): its record is stored in the snapshot's
+    place and the journal up to it deleted. A restore then runs that operation first (the
+    synced weights) and the calls after it; what calls before it left in the workers
+    beyond that is not restored.
+
 Opening a scope (before any worker starts)
     The scope's metadata (world size, worker class, and the group's init arguments, init
     calls and Megatron layout) is stored on first use and compared on every later one. A
@@ -262,12 +270,19 @@ class GroupDurability:
             )
         group = member.group
         if stored.snapshot is not None:
-            ranks = await asyncio.to_thread(decode_snapshot, stored.snapshot)
-            if len(ranks) != group.world_size:
-                raise StateMismatchError(
-                    f"{self.scope}: the stored snapshot has {len(ranks)} ranks, the group {group.world_size}"
-                )
-            await _run_on_every_rank(group.execute_all_async(LOAD_STATE_DICT, ranks))
+            ranks, point = await asyncio.to_thread(_snapshot_or_restore_point, stored.snapshot)
+            if point is not None:  # an operation's restore point: it runs first, alone
+                method, args, kwargs = point
+                if method not in self.operations:
+                    raise RestoreRefused(f"{self.scope}: the stored restore point is a {method!r}, which this "
+                                         "service does not run; refusing to restore from it")
+                await self.operations[method](member, stored.snapshot_seq, args, kwargs)
+            else:
+                if len(ranks) != group.world_size:
+                    raise StateMismatchError(
+                        f"{self.scope}: the stored snapshot has {len(ranks)} ranks, the group {group.world_size}"
+                    )
+                await _run_on_every_rank(group.execute_all_async(LOAD_STATE_DICT, ranks))
             del ranks
         seqs = [seq for seq, _ in stored.entries]
         member.journal.reload(seqs, stored.last_seq + 1)
@@ -340,6 +355,22 @@ class GroupDurability:
             ))
         return fingerprint, decode_result(stored.answer)
 
+    # -- restore points -----------------------------------------------------------------
+    @property
+    def restore_points(self) -> bool:
+        """Whether an operation may become the group's restore point: it takes no
+        snapshots (its worker has no ``state_dict``, or ``snapshot_every`` is 0)."""
+        return not self.snapshots.every
+
+    async def store_restore_point(self, member: GroupState, seq: int, call: bytes) -> None:
+        """Make the acknowledged operation ``call`` at ``seq`` the group's restore point
+        (see "Restore points"): stored in the snapshot's place, the journal up to it
+        deleted, in one transaction. Raises whatever the store raised; the journal then
+        still holds every call. Call it when no call numbered ``<= seq`` is in flight."""
+        await self.io.call("store_snapshot", self.scope, seq, call)
+        self.snapshots.seq = seq
+        member.journal.truncate(seq)
+
     # -- snapshots (hybridflow.control.snapshots) -------------------------------------------
     def acknowledged(self, member: GroupState) -> None:
         """Count an acknowledged call; every ``snapshot_every`` of them, take a snapshot."""
@@ -348,6 +379,18 @@ class GroupDurability:
     async def snapshot_settled(self) -> None:
         """Wait for a snapshot being taken (tests and benchmarks)."""
         await self.snapshots.settled()
+
+
+def _snapshot_or_restore_point(data: bytes) -> tuple[list[Any] | None, tuple[str, tuple, dict] | None]:
+    """What the scope's snapshot place holds: ``(ranks, None)`` for a snapshot, or
+    ``(None, (method, args, kwargs))`` for an operation's restore point (a call record)."""
+    try:
+        return decode_snapshot(data), None
+    except StateCodecError as not_snapshot:
+        try:
+            return None, decode_call(data)
+        except StateCodecError:
+            raise not_snapshot from None
 
 
 def _answer_key(method: str, key: str) -> str:

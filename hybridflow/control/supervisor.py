@@ -40,6 +40,7 @@ from hybridflow.control.transport import COMPILED, TASKS
 from hybridflow.state.codec import StateCodecError
 from hybridflow.state.journal import Journal
 from hybridflow.state.store import StateMismatchError
+from single_controller.weights.reasons import scrub
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +209,7 @@ class Supervisor:
 
     def _failed(self, unit: UnitState, what: str, exc: BaseException) -> None:
         reason = "ran past the replay deadline" if isinstance(exc, TimeoutError) else (
-            f"{type(exc).__name__}: {first_line(exc)}")
+            f"{type(exc).__name__}: {scrub(first_line(exc))}")  # a status line: no paths or addresses
         unit.status, unit.halted = FAILED, hopeless(exc)
         unit.last_error = f"{what} failed: {reason}"
         if unit.halted:

@@ -19,11 +19,19 @@ per destination:
    weights and version. A commit that reached some ranks only, or weights that could not
    be kept, restore the group from its journal: its previous weights and version.
 
-A restore replays a sync in its place in the journal (``GroupDurability.operations``):
-the kept shards are loaded (``load_weights``) after the calls before it and before the
-calls after it, so an ``init_model`` after a sync is replayed as it ran. Files missing or
-changed fail the restore, with the reason in the group's status, rather than load other
-weights. Of consecutive syncs only the last is replayed, so the others' files go.
+Syncs into one group run one at a time; a bounded number wait (``limits.weight_syncs_queued``,
+then OVER_LIMIT with a retry time), and waiting syncs from the same source run once for
+all of them (``hybridflow.control.sync_queue``).
+
+A restore replays a sync in its place in the journal, or from the group's restore point
+(``GroupDurability.operations``): the kept shards are loaded (``load_weights``) after the
+calls before it and before the calls after it, so an ``init_model`` after a sync is
+replayed as it ran. Files missing or changed fail the restore, with the reason in the
+group's status, rather than load other weights. Which files stay: ``hybridflow.control.kept_weights``.
+
+Every error message of a sync is one line (``single_controller.weights.reasons``): no
+traceback, path, process id or address reaches a client or the group's status; the full
+error goes to the log.
 """
 
 from __future__ import annotations
@@ -33,9 +41,9 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from hybridflow.config import import_worker
 from hybridflow.control.contract import (
@@ -47,19 +55,20 @@ from hybridflow.control.contract import (
     ErrorKind,
 )
 from hybridflow.control.durability import PendingRecord
-from hybridflow.control.supervisor import READY, GroupState, RestoreRefused, as_asyncio, failure_of
+from hybridflow.control.kept_weights import GroupSyncs, KeptWeights, directory_of
+from hybridflow.control.supervisor import READY, GroupState, as_asyncio
+from hybridflow.control.sync_queue import SyncQueue
 from hybridflow.control.weights_version import VersionRef, WeightsVersion
 from hybridflow.state.codec import encode_call
-from hybridflow.state.shard_files import GroupShardFiles, ShardFile, ShardFileError
+from hybridflow.state.shard_files import GroupShardFiles
 from single_controller.base.worker_methods import user_class
 from single_controller.weights.layout import WeightLayout
+from single_controller.weights.reasons import reason_of, scrub
 from single_controller.weights.sync import (
     StagedSync,
     WeightSyncError,
     abort_weights,
     commit_weights,
-    load_weights,
-    read_rank_weights,
     stage_weights,
 )
 from single_controller.weights.worker import WeightSyncWorker
@@ -78,37 +87,14 @@ def declares_weights(worker_cls: Any) -> bool:
     return isinstance(plain, type) and issubclass(plain, WeightSyncWorker)
 
 
-def replayed_syncs(acknowledged: list[int], syncs: dict[int, str]) -> dict[int, str]:
-    """Of ``syncs`` (journal numbers of syncs -> their files' directory), those a restore
-    replays from a journal of the ``acknowledged`` numbers: each one not directly followed
-    by another sync (that one replaces all it did)."""
-    order = sorted(acknowledged)
-    kept = {}
-    for index, seq in enumerate(order):
-        if seq in syncs and (index + 1 == len(order) or order[index + 1] not in syncs):
-            kept[seq] = syncs[seq]
-    return kept
-
-
 def _error(kind: ErrorKind, message: str, retry_after_s: float | None = None) -> CallResult:
     return CallResult(error=ControllerError(kind, message, retry_after_s))
 
 
-@dataclass
-class GroupSyncs:
-    """What the controller keeps for one group whose worker declares weights."""
-
-    files: GroupShardFiles
-    source: str | None
-    version: WeightsVersion = field(default_factory=WeightsVersion)
-    #: One sync into the group at a time.
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    #: Journal number of each sync recorded or replayed -> its files' directory.
-    syncs: dict[int, str] = field(default_factory=dict)
-    #: The highest version given: a sync's version is above it, even after init_model reset the workers'.
-    issued: int = 0
-    #: Why the latest sync into the group failed (None once one succeeded).
-    error: str | None = None
+def _lost_or_raised(exc: BaseException) -> tuple[bool, str]:
+    """``(worker_lost, one line)`` for a failure of the workers (see ``reasons``)."""
+    lost = isinstance(exc, RayError) and not (isinstance(exc, RayTaskError) and not isinstance(exc, RayActorError))
+    return lost, reason_of(exc)
 
 
 class WeightSyncs:
@@ -120,13 +106,18 @@ class WeightSyncs:
         unavailable: Callable[..., ControllerError],
         directory: str | None,
         timeout_s: float,
+        queued: int = 4,
+        kept: int = 2,
     ) -> None:
         """``controller``: the GroupController (its groups, units, supervisor and calls);
         ``unavailable``: its error for a group that is not ready; ``directory``: where
-        synced shards are kept (None: a temporary directory, removed at shutdown)."""
+        synced shards are kept (None: a temporary directory, removed at shutdown);
+        ``queued``: syncs that may wait per group (``limits.weight_syncs_queued``);
+        ``kept``: the latest syncs whose files stay (``state.weights_kept``)."""
         self.controller = controller
         self.unavailable = unavailable
         self.timeout_s = timeout_s
+        self.kept = KeptWeights(kept, timeout_s)
         self._temporary: str | None = None
         #: Whether each group's worker declares weights.
         self.declared = {s.name: declares_weights(import_worker(s.config.worker)) for s in controller.groups.values()}
@@ -137,8 +128,8 @@ class WeightSyncs:
             directory = self._temporary = tempfile.mkdtemp(prefix="hybridflow-weights-")
         self.groups: dict[str, GroupSyncs] = {}
         for state in eligible:
-            files = GroupShardFiles(Path(directory) / controller.deployment.name / state.name)
-            self.groups[state.name] = GroupSyncs(files, state.config.weights_from)
+            files = GroupShardFiles(directory_of(directory, controller.deployment.name, state.name))
+            self.groups[state.name] = GroupSyncs(files, state.config.weights_from, SyncQueue(queued))
             state.durability.operations[WEIGHTS_SYNC] = self._replay
         self._tasks: list[asyncio.Task] = []
 
@@ -185,8 +176,17 @@ class WeightSyncs:
             if problem is not None:
                 return problem
             source = self.controller.groups[request.kwargs["from"]]
-            # the sync goes on whoever stops waiting for it: it must not stop half way
-            return await asyncio.shield(asyncio.ensure_future(self._sync_alone(state, source, request)))
+            kept = self.groups[state.name]
+            # waiting requests from one source share a run, unless a key makes one the request's own;
+            # a run goes on whoever stops waiting for it: it must not stop half way
+            shared = source.name if request.idempotency_key is None else None
+            answer = kept.queue.submit(shared, lambda: self._sync_alone(state, source, request))
+            if answer is None:
+                wait = max(1.0, round(kept.seconds))
+                return _error(ErrorKind.OVER_LIMIT, (
+                    f"a weight sync into {state.name!r} is running and {kept.queue.waiting} wait for it, the limit "
+                    f"(limits.weight_syncs_queued); retry in {wait:g} s"), wait)
+            return await answer
         if request.method == WEIGHTS_LAYOUT:
             return await self._layout(state)
         return _error(ErrorKind.UNKNOWN_METHOD, f"unknown operation {request.method!r}")
@@ -235,36 +235,47 @@ class WeightSyncs:
             )
             layout = WeightLayout(tuple(ranks))
         except Exception as exc:
-            lost, why = failure_of(exc)
+            lost, why = _lost_or_raised(exc)
+            logger.warning("%s: the weights layout could not be read", state.name, exc_info=exc)
             kind = ErrorKind.UNAVAILABLE if lost or isinstance(exc, TimeoutError) else ErrorKind.METHOD_RAISED
             return _error(kind, f"the layout of {state.name!r} could not be read: {why}")
         finally:
             state.running -= 1
         number = await kept.version.resolve(version)
-        output = {"group": state.name, "weights_version": number, "layout": layout.to_dict()}
+        try:
+            disk = await self.kept.disk_use(kept, state)
+        except OSError as exc:
+            logger.warning("%s: the kept weights' disk use could not be read", state.name, exc_info=exc)
+            disk = None
+        output = {"group": state.name, "weights_version": number, "layout": layout.to_dict(), "kept": disk}
         return CallResult(output=output, world_size=group.world_size, weights_version=number)
 
     # -- a sync ------------------------------------------------------------------------------
     async def _sync_alone(self, dst: GroupState, src: GroupState, request: CallRequest) -> CallResult:
+        """One sync (the queue runs one at a time per destination)."""
         kept = self.groups[dst.name]
-        async with kept.lock:
-            if dst.status != READY or src.status != READY or dst.group is None or src.group is None:
-                result = CallResult(error=self.unavailable(dst if dst.status != READY else src))
-            else:
-                dst.running += 1
-                src.running += 1  # both groups' ranks are busy with it: not hung
-                try:
-                    result = await self._sync(kept, dst, src, request)
-                finally:
-                    dst.running -= 1
-                    src.running -= 1
-            if result.error is None:
-                kept.error = None
-                await self._collect(kept, dst)
-            else:
-                kept.error = f"the sync from {src.name} failed: {result.error.message}"
-                logger.warning("%s: %s", dst.name, kept.error)
-            return result
+        started = asyncio.get_running_loop().time()
+        if dst.status != READY or src.status != READY or dst.group is None or src.group is None:
+            result = CallResult(error=self.unavailable(dst if dst.status != READY else src))
+        else:
+            dst.running += 1
+            src.running += 1  # both groups' ranks are busy with it: not hung
+            try:
+                result = await self._sync(kept, dst, src, request)
+            except Exception as exc:  # a fault of the service: still one line to the client
+                logger.error("%s: the sync from %s failed", dst.name, src.name, exc_info=exc)
+                result = _error(ErrorKind.UNAVAILABLE, f"the sync failed ({reason_of(exc)}); retry shortly", 5.0)
+            finally:
+                dst.running -= 1
+                src.running -= 1
+        kept.seconds = asyncio.get_running_loop().time() - started
+        if result.error is None:
+            kept.error = None
+            await self.kept.settle(kept, dst)
+        else:
+            kept.error = f"the sync from {src.name} failed: {scrub(result.error.message)}"
+            logger.warning("%s: %s", dst.name, kept.error)
+        return result
 
     async def _sync(self, kept: GroupSyncs, dst: GroupState, src: GroupState, request: CallRequest) -> CallResult:
         dst_group, src_group, unit = dst.group, src.group, dst.unit
@@ -278,7 +289,9 @@ class WeightSyncs:
         except WeightSyncError as exc:
             return self._not_staged(dst, current, exc.__cause__ or exc)
         except ValueError as exc:  # the layouts do not fit: nothing moved
-            return _error(ErrorKind.BAD_ARGUMENTS, f"{src.name} -> {dst.name}: {exc}")
+            if not _is_local(exc):  # a rank raised it reading its layout
+                return self._not_staged(dst, current, exc)
+            return _error(ErrorKind.BAD_ARGUMENTS, f"{src.name} -> {dst.name}: {scrub(str(exc))}")
         except Exception as exc:
             return self._not_staged(dst, current, exc)
         async with dst.fence.held():
@@ -288,7 +301,8 @@ class WeightSyncs:
             return await self._commit(kept, dst, src, staged, current, request)
 
     def _not_staged(self, dst: GroupState, current: int, exc: BaseException) -> CallResult:
-        lost, why = failure_of(exc)
+        lost, why = _lost_or_raised(exc)
+        logger.warning("%s: the weights were not staged", dst.name, exc_info=exc)
         message = f"the weights were not staged ({why}); {dst.name} keeps its weights, version {current}"
         if lost or isinstance(exc, TimeoutError):
             return CallResult(error=self.unavailable(dst, message))
@@ -306,18 +320,18 @@ class WeightSyncs:
             report = await asyncio.to_thread(commit_weights, group, staged, self.timeout_s)
         except WeightSyncError as exc:
             dst.journal.abort(entry)
+            logger.warning("%s: the commit of sync %s failed", dst.name, staged.version, exc_info=exc)
             if exc.mixed:
                 self.controller.supervisor.recover(unit, f"{dst.name}: a weight sync's commit reached some ranks only")
                 return CallResult(error=self.unavailable(
-                    dst, f"the commit reached some ranks of {dst.name} only ({exc}); it is restored to its previous "
+                    dst, f"the commit reached some ranks of {dst.name} only ({scrub(str(exc))}); it is restored to its previous "
                     f"weights, version {current}"))
             kept.version.set(current)
-            return _error(ErrorKind.METHOD_RAISED, f"{exc}; {dst.name} keeps its weights, version {current}")
+            return _error(ErrorKind.METHOD_RAISED, f"{scrub(str(exc))}; {dst.name} keeps its weights, version {current}")
         sync_dir = None
         try:
             sync_dir = await asyncio.to_thread(kept.files.new_sync, staged.version, staged.sync_id)
-            files = [await self._keep_rank(kept, group, sync_dir, rank, staged.version)
-                     for rank in range(group.world_size)]
+            files = await self.kept.keep(kept, group, sync_dir, staged.version)
             call = await asyncio.to_thread(encode_call, WEIGHTS_SYNC, (), {
                 "version": staged.version, "from": src.name, "files": [f.to_record() for f in files]})
             answer = {"group": dst.name, "from": src.name, **report.to_dict()}
@@ -326,9 +340,10 @@ class WeightSyncs:
             await dst.durability.record(record, result)
         except Exception as exc:
             dst.journal.abort(entry)
+            logger.warning("%s: the weights of sync %s were not kept", dst.name, staged.version, exc_info=exc)
             if sync_dir is not None:
                 await asyncio.to_thread(kept.files.remove, sync_dir)
-            why = failure_of(exc)[1]
+            why = reason_of(exc)
             self.controller.supervisor.recover(unit, f"{dst.name}: the weights of sync {staged.version} were not kept")
             return CallResult(error=self.unavailable(
                 dst, f"the synced weights could not be kept ({why}); {dst.name} is restored to its previous weights, "
@@ -338,66 +353,14 @@ class WeightSyncs:
         dst.durability.acknowledged(dst)
         kept.version.known = staged.version
         kept.syncs[entry.seq] = sync_dir
+        kept.latest = (entry.seq, call)
         kept.issued = max(kept.issued, staged.version)
         return result
-
-    async def _keep_rank(self, kept: GroupSyncs, group: Any, sync_dir: str, rank: int, version: int) -> ShardFile:
-        # one rank's shards in this process at a time, never the whole model
-        read, shards = await asyncio.to_thread(read_rank_weights, group, rank, self.timeout_s)
-        if read != version:
-            raise WeightSyncError(f"rank {rank} holds version {read} after committing {version}")
-        try:
-            return await asyncio.to_thread(kept.files.write, sync_dir, rank, shards, version)
-        finally:
-            del shards
-
-    async def _collect(self, kept: GroupSyncs, dst: GroupState) -> None:
-        """Delete the files no restore would load (syncs followed by another sync, or no
-        longer in the journal), once every call before the latest sync has settled."""
-        if kept.syncs and not await dst.journal.settled_through(max(kept.syncs), self.timeout_s):
-            return
-        acknowledged = dst.journal.acknowledged()
-        kept.syncs = {seq: d for seq, d in kept.syncs.items() if seq in set(acknowledged)}
-        needed = set(replayed_syncs(acknowledged, kept.syncs).values())
-        try:
-            await asyncio.to_thread(kept.files.keep_only, needed)
-        except OSError as exc:  # kept for the next sync's try; nothing replays from them
-            logger.warning("%s: old synced weights not deleted: %s", dst.name, exc)
 
     # -- restore -------------------------------------------------------------------------------
     async def _replay(self, member: GroupState, seq: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Load a recorded sync's kept shards on a restoring group (GroupDurability.operations)."""
-        kept = self.groups[member.name]
-        scope = member.durability.scope
-        try:
-            version = kwargs["version"]
-            files = [ShardFile.from_record(record) for record in kwargs["files"]]
-            if type(version) is not int or version < 1 or args:
-                raise ShardFileError(f"not a sync's version: {version!r}")
-        except (KeyError, TypeError, ShardFileError) as exc:
-            raise RestoreRefused(f"{scope}: journal entry {seq} is not a weight sync's record ({exc})") from None
-        world = member.group.world_size
-        if sorted(f.rank for f in files) != list(range(world)):
-            raise RestoreRefused(f"{scope}: the weights of sync {version} are kept for other ranks than the group's {world}")
-        missing = await asyncio.to_thread(kept.files.missing, files)
-        if missing:
-            raise RestoreRefused(f"{scope}: the weights of sync {version} cannot be restored: {'; '.join(missing)}")
-        by_rank = {f.rank: f for f in files}
-
-        def shards_of(rank: int) -> dict[str, Any]:
-            try:
-                return kept.files.read(by_rank[rank])
-            except ShardFileError as exc:
-                raise RestoreRefused(f"{scope}: the weights of sync {version} cannot be restored: {exc}") from None
-
-        try:
-            await asyncio.to_thread(load_weights, member.group, shards_of, version, self.timeout_s)
-        except RestoreRefused:
-            raise
-        except ValueError as exc:  # shards that no longer fit the group's layout
-            raise RestoreRefused(f"{scope}: the weights of sync {version} do not fit the group: {exc}") from None
-        kept.syncs[seq] = files[0].sync_dir
-        kept.issued = max(kept.issued, version)
+        await self.kept.replay(self.groups[member.name], member, seq, args, kwargs)
 
     # -- at start --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -417,7 +380,7 @@ class WeightSyncs:
             if result.error is None:
                 logger.info("%s took %s's weights at start: version %s", dst, src, result.weights_version)
                 return
-            if result.error.kind not in (ErrorKind.UNAVAILABLE, ErrorKind.TIMEOUT):
+            if result.error.kind not in (ErrorKind.UNAVAILABLE, ErrorKind.TIMEOUT, ErrorKind.OVER_LIMIT):
                 return  # the reason is in the group's status (weights_error)
             await asyncio.sleep(result.error.retry_after_s or READY_POLL_S)
 
@@ -426,6 +389,11 @@ class WeightSyncs:
             task.cancel()
         if self._temporary is not None:
             shutil.rmtree(self._temporary, ignore_errors=True)
+
+
+def _is_local(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised in this process (not a rank's error, which Ray wraps)."""
+    return not isinstance(exc, RayError)
 
 
 def _drop(group: Any, staged: StagedSync) -> None:

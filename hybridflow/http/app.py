@@ -42,7 +42,9 @@ def create_app(backend: Backend, settings: IngressSettings | dict[str, Any], job
     app.state.backend = backend
     app.state.jobs = jobs
     app.state.settings = IngressSettings.model_validate(settings)
-    app.state.login_limiter = LoginLimiter(app.state.settings.login_failures_per_minute)
+    app.state.login_limiter = LoginLimiter(
+        app.state.settings.login_failures_per_minute, app.state.settings.login_failures_per_minute_total
+    )
     install_error_handlers(app)
     routers = (
         health.router, oip_routes.probes, groups.router, job_routes.router, admin.router, weights.router,

@@ -30,6 +30,8 @@ class IngressSettings(BaseModel):
     trusted_proxies: list[IPvAnyNetwork] = Field(default_factory=lambda: [ip_network(n) for n in LOOPBACK])
     #: Wrong tokens a client may send to POST /login in a minute (hybridflow.http.login_limit).
     login_failures_per_minute: int = Field(10, gt=0)
+    #: Wrong tokens all clients together may send to POST /login in a minute.
+    login_failures_per_minute_total: int = Field(100, gt=0)
     max_body_bytes: int = Field(1 << 30, gt=0)
     request_timeout_s: float = Field(120.0, gt=0)
     max_split: int = 4096

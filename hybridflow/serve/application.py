@@ -39,6 +39,7 @@ def ingress_settings(config: ServiceConfig) -> IngressSettings:
         auth_token=config.auth_token,
         trusted_proxies=config.trusted_proxies,
         login_failures_per_minute=limits.login_failures_per_minute,
+        login_failures_per_minute_total=limits.login_failures_per_minute_total,
         max_body_bytes=config.max_body_bytes,
         request_timeout_s=config.request_timeout_s,
         max_split=limits.max_split,

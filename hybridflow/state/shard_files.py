@@ -6,7 +6,9 @@ One directory per group, one subdirectory per sync (``v<version>-<sync id>``) an
 one safetensors file per rank (``rank<r>.safetensors``), written whole to a temporary
 name, flushed to disk and renamed before the sync is recorded. A file is read back whole
 and checked against its recorded size and SHA-256 before any of it is used: a file that
-is missing, cut short or changed is a :class:`ShardFileError`, never other weights.
+is missing, cut short or changed is a :class:`ShardFileError`, never other weights. Its message names the file by its
+place in the group's directory (``v<version>-<sync id>/rank<r>.safetensors``), never by
+the server's absolute path.
 """
 
 from __future__ import annotations
@@ -66,6 +68,27 @@ class ShardFile:
         return cls(rank, sync_dir, name, digest, size)
 
 
+@dataclass(frozen=True)
+class KeptSync:
+    """A sync's files on disk: its directory, version and their bytes."""
+
+    sync_dir: str
+    version: int
+    bytes: int
+
+
+def version_of(sync_dir: str) -> int:
+    """The version in a sync directory's name (``v<version>-<sync id>``)."""
+    if not SYNC_DIR.match(sync_dir):
+        raise ValueError(f"not a sync directory's name: {sync_dir!r}")
+    return int(sync_dir[1:].split("-", 1)[0])
+
+
+def _shown(file: ShardFile) -> str:
+    """How a message names a file: its place in the group's directory."""
+    return f"{file.sync_dir}/{file.name}"
+
+
 def _fsync_directory(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -110,33 +133,45 @@ class GroupShardFiles:
         """The files of ``files`` that are not there with their recorded size."""
         gone = []
         for file in files:
-            path = self.directory / file.sync_dir / file.name
             try:
-                size = path.stat().st_size
+                size = (self.directory / file.sync_dir / file.name).stat().st_size
             except FileNotFoundError:
-                gone.append(f"{path} is missing")
+                gone.append(f"{_shown(file)} is missing")
                 continue
             if size != file.size:
-                gone.append(f"{path} has {size} bytes, {file.size} were written")
+                gone.append(f"{_shown(file)} has {size} bytes, {file.size} were written")
         return gone
 
     def read(self, file: ShardFile) -> dict[str, torch.Tensor]:
         """One rank's shards, after checking the file's size and digest."""
-        path = self.directory / file.sync_dir / file.name
         try:
-            data = path.read_bytes()
+            data = (self.directory / file.sync_dir / file.name).read_bytes()
         except OSError as exc:
-            raise ShardFileError(f"{path} cannot be read ({type(exc).__name__}: {exc.strerror or exc})") from None
+            why = exc.strerror or type(exc).__name__
+            raise ShardFileError(f"{_shown(file)} cannot be read ({type(exc).__name__}: {why})") from None
         if len(data) != file.size or hashlib.sha256(data).hexdigest() != file.sha256:
-            raise ShardFileError(f"{path} is not the file that was written (its size or SHA-256 differs)")
+            raise ShardFileError(f"{_shown(file)} is not the file that was written (its size or SHA-256 differs)")
         try:
             return load_safetensors(data)
         except Exception as exc:  # a file that matches its digest but is not safetensors
-            raise ShardFileError(f"{path} is not a safetensors file ({type(exc).__name__})") from None
+            raise ShardFileError(f"{_shown(file)} is not a safetensors file ({type(exc).__name__})") from None
 
     def remove(self, sync_dir: str) -> None:
         if SYNC_DIR.match(sync_dir):
             shutil.rmtree(self.directory / sync_dir, ignore_errors=True)
+
+    def kept(self) -> list[KeptSync]:
+        """Every sync whose files are on disk, with their bytes, in the order they were
+        written (their directory's time, then their version): the latest last. Not by
+        version alone: a group whose stored state was discarded numbers from 1 again."""
+        if not self.directory.is_dir():
+            return []
+        found = []
+        for entry in self.directory.iterdir():
+            if entry.is_dir() and SYNC_DIR.match(entry.name):
+                size = sum(f.stat().st_size for f in entry.iterdir() if f.is_file() and RANK_FILE.match(f.name))
+                found.append((entry.stat().st_mtime_ns, KeptSync(entry.name, version_of(entry.name), size)))
+        return [kept for _, kept in sorted(found, key=lambda pair: (pair[0], pair[1].version, pair[1].sync_dir))]
 
     def keep_only(self, kept: set[str]) -> list[str]:
         """Remove every sync's subdirectory but ``kept``; the names removed."""

@@ -31,6 +31,7 @@ import ray
 from single_controller.weights.collective import TransferGroup
 from single_controller.weights.layout import RankWeights, WeightLayout
 from single_controller.weights.plan import ReshardPlan, plan_resharding
+from single_controller.weights.reasons import reason_of
 from single_controller.weights.transport import COLLECTIVE, Route, choose_transport
 
 #: Seconds a stage waits for its slices (and a collective transfer for its ranks).
@@ -202,7 +203,7 @@ def stage_weights(
             receipts = _stage_through_object_store(src, dst, sync_id, version, plan, timeout_s)
     except Exception as exc:
         _abort_quietly(dst, sync_id)
-        raise WeightSyncError(f"weights not staged ({route.transport}): {type(exc).__name__}: {exc}") from exc
+        raise WeightSyncError(f"weights not staged ({route.transport}): {reason_of(exc)}") from exc
     return StagedSync(
         sync_id, version, src_layout, dst_layout, plan, route, receipts, started, time.perf_counter() - started
     )
@@ -223,17 +224,19 @@ def abort_weights(dst: Any, staged: StagedSync) -> None:
 # -- committing ------------------------------------------------------------------------------
 def _commit(dst: Any, sync_id: str, timeout_s: float) -> None:
     futures = dst.execute_all_async("_commit_weights", sync_id)
-    failed = []
+    failed: list[tuple[int, Exception]] = []
     for rank, future in enumerate(futures):
         try:
             ray.get(future, timeout=timeout_s)
         except Exception as exc:
-            failed.append((rank, f"{type(exc).__name__}: {exc}"))
+            failed.append((rank, exc))
+    if not failed:
+        return
+    first = failed[0][1]  # the error's cause, with its traceback, for the log
     if len(failed) == len(futures):
-        raise WeightSyncError(f"no rank committed; previous weights kept: {failed[0][1]}")
-    if failed:
-        ranks = [rank for rank, _ in failed]
-        raise WeightSyncError(f"the commit failed on ranks {ranks} only: {failed[0][1]}", mixed=True)
+        raise WeightSyncError(f"no rank committed; previous weights kept: {reason_of(first)}") from first
+    ranks = [rank for rank, _ in failed]
+    raise WeightSyncError(f"the commit failed on ranks {ranks} only: {reason_of(first)}", mixed=True) from first
 
 
 def commit_weights(dst: Any, staged: StagedSync, timeout_s: float = DEFAULT_TIMEOUT_S) -> SyncReport:

@@ -2,13 +2,16 @@
 `mlp`'s weights (tp=4) at start; after a train step on `mlp`, `POST /v1/weights/mlp_rollout`
 gives it the trained weights under a new version, which its OIP answers carry, and a
 killed rank of it comes back with exactly those weights and that version. The same sync as
-a job, and the requests a sync refuses without changing anything."""
+a job, the requests a sync refuses without changing anything, and syncs past the bounded
+queue: 429 with Retry-After, while those waiting run once and answer one version."""
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -171,6 +174,27 @@ def test_a_sync_as_a_job(http, synced_at_start):
     detail = group(http, "mlp_rollout")
     assert detail["weights_version"] == before + 1 and "failed" in detail["weights_error"]
     assert http.post("/v1/groups/mlp/init_model", json={"kwargs": {"config": shipped_config("mlp")}}).is_success
+
+
+def test_syncs_past_the_queue_answer_429_with_retry_after(service, http, synced_at_start):
+    def post(_: int) -> httpx.Response:  # a client each, all at once
+        return httpx.post(f"{service.url}/v1/weights/mlp_rollout", json={"from": "mlp"}, timeout=600)
+
+    # one runs (a 4096 x 11008 layer: seconds), limits.weight_syncs_queued (4) wait, two are refused
+    with ThreadPoolExecutor(7) as pool:
+        answers = list(pool.map(post, range(7)))
+    assert sorted(a.status_code for a in answers) == [200] * 5 + [429] * 2, [a.text[:200] for a in answers]
+    for refused in (a for a in answers if a.status_code == 429):
+        assert int(refused.headers["retry-after"]) >= 1
+        assert "limits.weight_syncs_queued" in refused.json()["error"]
+    versions = sorted(a.json()["weights_version"] for a in answers if a.status_code == 200)
+    assert versions[1:] == [versions[0] + 1] * 4, versions  # the four that waited ran once, together
+    assert group(http, "mlp_rollout")["weights_version"] == versions[-1]
+    # the kept files: the latest two syncs' (state.weights_kept), the latest the restore point
+    kept = http.get("/v1/weights/mlp_rollout").json()["kept"]
+    assert [(s["version"], s["restore_point"]) for s in kept["syncs"]] == [(versions[0], False), (versions[-1], True)]
+    assert kept["bytes"] == sum(s["bytes"] for s in kept["syncs"]) and kept["weights_kept"] == 2
+    assert all(FULL_BYTES < s["bytes"] < FULL_BYTES + 4096 for s in kept["syncs"]), kept
 
 
 @pytest.mark.parametrize(("path", "body", "status", "words"), [

@@ -7,11 +7,19 @@ under a new version in every inference answer), calls racing syncs (each answer 
 weights with the old version or the new with the new), a rebuild that brings back the
 synced weights and version, an init_model after a sync replayed in its place, refusals
 and failures that leave the previous weights and version, kept files that are deleted
-once no restore needs them, and a changed file that fails the restore with the reason."""
+once no restore needs them, and a changed file that fails the restore with the reason.
+Every error a sync leaves (its answer, weights_error, last_error) is one line without a
+traceback, path, process id or address. A sync becomes the restore point of the rollout
+(which takes no snapshots): only the latest state.weights_kept syncs' files stay, and a
+rebuild loads the synced weights and replays the calls after it. Syncs waiting for one
+into a group are bounded (limits.weight_syncs_queued), those from one source run once,
+and a sync whose caller went away is recorded whole or never starts."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import time
 from pathlib import Path
 
@@ -23,6 +31,7 @@ from hybridflow.control.builder import PoolSet, units
 from hybridflow.control.contract import WEIGHTS_LAYOUT, WEIGHTS_SYNC, CallRequest, ErrorKind
 from hybridflow.control.controller import GroupController
 from hybridflow.control.placement import GpuBudget, plan_deployment
+from hybridflow.state.codec import decode_call
 
 MLP = "single_controller.models.mlp_worker:MLPLayerWorker"
 HIDDEN, FFN = 64, 128
@@ -150,6 +159,18 @@ def assert_same_layer(a: torch.Tensor, b: torch.Tensor) -> None:
     assert ((a - b).norm() / b.norm()).item() <= 1e-5
 
 
+def assert_one_clean_line(text: str | None, *secrets: str) -> None:
+    """An error as a client or an operator reads it: one line, none of what Ray's error
+    text carries (colour codes, traceback, process id, node address, actor id, paths)."""
+    assert text and "\n" not in text and "\x1b" not in text, repr(text)
+    for marker in ("Traceback", 'File "', "pid=", "ip=", "actor_id", "ray::", "RayTaskError"):
+        assert marker not in text, text
+    assert not re.search(r"(?<![\w.])/\w", text), f"an absolute path in {text!r}"
+    assert not re.search(r"\b\d{1,3}(\.\d{1,3}){3}\b", text), f"an address in {text!r}"
+    for secret in secrets:
+        assert secret not in text, text
+
+
 def test_the_rollout_takes_the_trainers_weights_at_start(loop, served, state_dir):
     controller, models = served
     wait(lambda: version(loop, controller) == 1, "the sync at start")
@@ -218,8 +239,8 @@ def test_a_rebuilt_rollout_comes_back_with_its_synced_weights_and_version(loop, 
     rebuilt(loop, controller)
     after, after_version = infer(loop, models, "rollout", X1)
     assert torch.equal(after, before) and after_version == before_version
-    # consecutive syncs: only the latest one's files are kept
-    assert len(sync_dirs(state_dir)) == 1
+    # two syncs so far: the latest (the restore point) and the one before it stay (state.weights_kept)
+    assert len(sync_dirs(state_dir)) == 2
 
 
 def test_an_init_model_after_a_sync_is_replayed_in_its_place(loop, served, state_dir):
@@ -232,11 +253,12 @@ def test_an_init_model_after_a_sync_is_replayed_in_its_place(loop, served, state
     rebuilt(loop, controller)
     after, after_version = infer(loop, models, "rollout", X1)
     assert torch.equal(after, fresh) and after_version == 0
-    # a sync after the init gets a version above every earlier one, and both syncs' files
-    # stay: the init_model between them is replayed after the first
+    # a sync after the init gets a version above every earlier one; it is the restore point
+    # now, and of the files, the latest state.weights_kept syncs' stay
     again = sync(loop, controller)
     assert again.ok and again.weights_version == synced.weights_version + 1
-    assert len(sync_dirs(state_dir)) == 2
+    assert len(sync_dirs(state_dir)) == 2 and any(d.startswith(f"v{again.weights_version}-")
+                                                  for d in sync_dirs(state_dir))
 
 
 def test_refused_and_failed_syncs_leave_the_weights_and_version(loop, served, monkeypatch):
@@ -280,7 +302,9 @@ def test_a_changed_file_fails_the_restore_with_the_reason(loop, served, state_di
     rebuilt(loop, controller)
     unit = controller.groups["rollout"].unit
     assert unit.status == "failed" and unit.halted
-    assert "rank0.safetensors is not the file that was written" in unit.last_error
+    assert f"{latest}/rank0.safetensors is not the file that was written" in unit.last_error
+    # the first line of the status: the file by its place in the group's directory, not the server's path
+    assert_one_clean_line(unit.last_error.split("; not retried")[0], str(state_dir))
     assert run(loop, models.infer("rollout", {"x": X1})).error.kind is ErrorKind.UNAVAILABLE
     # the operator's way out: the group's stored state discarded, its own init weights
     run(loop, _reset(controller))
@@ -290,3 +314,118 @@ def test_a_changed_file_fails_the_restore_with_the_reason(loop, served, state_di
 
 async def _reset(controller) -> None:
     controller.reset_group("rollout")
+
+
+def test_a_failed_commit_answers_one_line_and_logs_the_whole_error(loop, served, monkeypatch, caplog):
+    controller, models = served
+    import hybridflow.control.weights as weights_module
+
+    real_stage = weights_module.stage_weights
+
+    def stage_then_init(src, dst, *args):
+        staged = real_stage(src, dst, *args)
+        # init_model between the stage and the commit drops what was staged on every rank
+        init = CallRequest("rollout", "init_model", kwargs={"config": layer(2, seed=11)})
+        assert asyncio.run_coroutine_threadsafe(controller.call(init), loop).result(timeout=120).ok
+        return staged
+
+    monkeypatch.setattr(weights_module, "stage_weights", stage_then_init)
+    with caplog.at_level(logging.WARNING, logger="hybridflow.control.weights"):
+        failed = sync(loop, controller)
+    monkeypatch.undo()
+    assert failed.error.kind is ErrorKind.METHOD_RAISED, failed.error
+    assert "no weights staged for sync" in failed.error.message
+    assert failed.error.message.endswith("rollout keeps its weights, version 0"), failed.error.message
+    assert_one_clean_line(failed.error.message)
+    status = run(loop, controller.describe_group("rollout"))
+    assert "no weights staged for sync" in status.weights_error
+    assert_one_clean_line(status.weights_error)
+    # the whole error, the workers' traceback with it, goes to the log
+    logged = "\n".join(r.getMessage() + "\n" + caplog.handler.formatter.formatException(r.exc_info)
+                        for r in caplog.records if r.exc_info)
+    assert "Traceback" in logged and "no weights staged for sync" in logged and "_commit_weights" in logged
+    # the rollout serves init_model's weights, as acknowledged: version 0
+    assert infer(loop, models, "rollout", X1)[1] == 0
+
+
+def test_syncs_waiting_for_one_are_bounded_and_those_from_one_source_run_once(loop, served):
+    controller, _ = served
+    before = controller.weights.groups["rollout"].issued  # the highest version given so far
+
+    async def at_once(count: int) -> list:
+        request = CallRequest("rollout", WEIGHTS_SYNC, kwargs={"from": "trainer"}, operation=True)
+        return await asyncio.gather(*(controller.call(request) for _ in range(count)))
+
+    # one runs, limits.weight_syncs_queued (4) wait and run once together, the rest are refused
+    answers = run(loop, at_once(7))
+    assert [a.weights_version for a in answers[:5]] == [before + 1] + [before + 2] * 4, answers[:5]
+    for refused in answers[5:]:
+        assert refused.error.kind is ErrorKind.OVER_LIMIT and refused.error.retry_after_s >= 1
+        assert "4 wait for it" in refused.error.message and "limits.weight_syncs_queued" in refused.error.message
+    assert version(loop, controller) == before + 2
+    assert [a.output for a in answers[1:5]] == [answers[1].output] * 4  # one sync's report
+
+
+def test_a_sync_whose_caller_went_away_is_recorded_whole_or_never_starts(loop, served):
+    controller, models = served
+    kept = controller.weights.groups["rollout"]
+    before = kept.issued
+    train(loop, controller, seed=12)
+    trained, _ = infer(loop, models, "trainer", X1)
+
+    async def callers_gone() -> None:
+        request = CallRequest("rollout", WEIGHTS_SYNC, kwargs={"from": "trainer"}, operation=True)
+        running = asyncio.ensure_future(controller.call(request))
+        await asyncio.sleep(0.05)  # it is staging
+        waiting = asyncio.ensure_future(controller.call(request))
+        await asyncio.sleep(0)
+        assert kept.queue.busy and kept.queue.waiting == 1
+        running.cancel()  # both clients disconnect
+        waiting.cancel()
+        await asyncio.sleep(0)
+        assert kept.queue.waiting == 0  # the waiting one never starts
+
+    run(loop, callers_gone())
+    wait(lambda: not kept.queue.busy, "the running sync ended")
+    after, after_version = infer(loop, models, "rollout", X1)
+    assert after_version == before + 1 == version(loop, controller)  # the running one, whole; once
+    assert_same_layer(after, trained)
+    durability = controller.groups["rollout"].durability
+    stored = durability.store.load(durability.scope)  # and recorded: the group's restore point
+    assert decode_call(stored.snapshot)[2]["version"] == before + 1
+
+
+def test_a_sync_is_the_restore_point_and_only_the_latest_syncs_files_stay(loop, served, state_dir):
+    controller, models = served
+    durability = controller.groups["rollout"].durability
+    directory = state_dir / "weights" / "weights" / "rollout"
+    for seed in (13, 14, 15):  # each sync followed by a call: every one would stay in a journal
+        synced = sync(loop, controller)
+        assert synced.ok, synced.error
+        assert call(loop, controller, "rollout", "train_step", x=X1[:2, :1], target=X1[2:, :1], lr=0.001 * seed).ok
+    stored = durability.store.load(durability.scope)
+    method, _, record = decode_call(stored.snapshot)
+    assert (method, record["version"]) == (WEIGHTS_SYNC, synced.weights_version)
+    assert len(stored.entries) == 1 and len(controller.groups["rollout"].journal) == 1  # the train_step after it
+    dirs = sync_dirs(state_dir)
+    assert len(dirs) == controller.state.weights_kept == 2, dirs
+    assert {d.split("-")[0] for d in dirs} == {f"v{synced.weights_version - 1}", f"v{synced.weights_version}"}
+    # their disk use, as GET /v1/weights/{group} shows it
+    layout = run(loop, controller.call(CallRequest("rollout", WEIGHTS_LAYOUT, operation=True))).output
+    on_disk = {d: sum(f.stat().st_size for f in (directory / d).glob("rank*.safetensors")) for d in dirs}
+    full = 3 * HIDDEN * FFN * 4
+    assert all(full < size < full + 4096 for size in on_disk.values()), on_disk  # both ranks' halves, and headers
+    assert layout["kept"] == {
+        "bytes": sum(on_disk.values()), "weights_kept": 2,
+        "syncs": [{"version": int(d.split("-")[0][1:]), "bytes": on_disk[d],
+                   "restore_point": d.startswith(f"v{synced.weights_version}-")}
+                  for d in sorted(dirs, key=lambda d: int(d.split("-")[0][1:]))],
+    }
+    # a rebuild: the synced weights, then the train_step after them; nothing before
+    before, before_version = infer(loop, models, "rollout", X1)
+    unit = controller.groups["rollout"].unit
+    replayed = unit.replayed
+    rebuilt(loop, controller)
+    after, after_version = infer(loop, models, "rollout", X1)
+    assert torch.equal(after, before) and after_version == before_version == synced.weights_version
+    assert unit.replayed - replayed == 1

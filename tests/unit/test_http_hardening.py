@@ -148,12 +148,15 @@ def test_trusted_proxies_are_configured_as_networks():
     config = load_config(args)
     assert [str(n) for n in config.trusted_proxies] == ["127.0.0.1/32", "::1/128"]
     assert config.limits.login_failures_per_minute == 10
+    assert config.limits.login_failures_per_minute_total == 100
     config = load_config({**args, "trusted_proxies": ["10.0.0.0/8", "fd00::1"]})
     assert [str(n) for n in config.trusted_proxies] == ["10.0.0.0/8", "fd00::1/128"]
     with pytest.raises(ConfigError, match="trusted_proxies"):
         load_config({**args, "trusted_proxies": ["10.0.0.1/8"]})  # host bits set: not a network
     with pytest.raises(ConfigError, match="login_failures_per_minute"):
         load_config({**args, "limits": {"login_failures_per_minute": 0}})
+    with pytest.raises(ConfigError, match="login_failures_per_minute_total"):
+        load_config({**args, "limits": {"login_failures_per_minute_total": 0}})
 
 
 # -- the login limit -----------------------------------------------------------------------
@@ -193,9 +196,67 @@ def test_behind_a_trusted_proxy_the_limit_counts_the_forwarded_client():
     assert codes == [401, 401, 429]
 
 
+def test_the_ceiling_holds_whatever_address_a_client_claims():
+    app = app_of(login_failures_per_minute=3, login_failures_per_minute_total=5)
+    proxy = ("127.0.0.1", 1000)  # trusted (loopback): it passes on what the client wrote
+
+    def attempt(forwarded_for: str | None, token: str = "guess", client: tuple[str, int] = proxy):
+        headers = {**FORM, **({"X-Forwarded-For": forwarded_for} if forwarded_for else {})}
+        return fetch(app, "POST", "/login", client=client, content="token=" + token, headers=headers)
+
+    # a new address every try: the per-address limit never applies, the ceiling does
+    assert [attempt(f"198.51.100.{i}").status_code for i in range(5)] == [401] * 5
+    for forwarded_for, token, peer in (("198.51.100.77", "guess", proxy), ("192.0.2.1", TOKEN, proxy),
+                                       (None, TOKEN, ("203.0.113.60", 1))):
+        blocked = attempt(forwarded_for, token, peer)  # every client, right token or not
+        assert blocked.status_code == 429 and "set-cookie" not in blocked.headers, blocked.text
+        assert 1 <= int(blocked.headers["retry-after"]) <= 60
+    # bearer clients are never limited by it
+    called = fetch(app, "POST", "/v1/groups/echo/add", client=proxy, content=b'{"kwargs": {}}',
+                   headers={**BEARER, "Content-Type": "application/json"})
+    assert called.status_code == 200, called.text
+
+
+def test_a_trusted_proxys_own_address_is_no_clients_bucket():
+    # Serve's HAProxy names no client: every request comes from its address
+    app = app_of(login_failures_per_minute=3, login_failures_per_minute_total=10)
+    haproxy = ("127.0.0.1", 1000)
+    codes = [fetch(app, "POST", "/login", client=haproxy, content="token=guess", headers=FORM).status_code
+             for _ in range(5)]
+    assert codes == [401] * 5  # past the per-address limit: counted towards the ceiling only
+    signed_in = fetch(app, "POST", "/login", client=haproxy, content="token=" + TOKEN, headers=FORM)
+    assert signed_in.status_code == 303 and "set-cookie" in signed_in.headers
+    codes = [fetch(app, "POST", "/login", client=haproxy, content="token=guess", headers=FORM).status_code
+             for _ in range(6)]
+    assert codes == [401] * 5 + [429]  # the ceiling: 10 failures, the sign-in forgot none of them
+    # an address the service does not trust is a client's own, with its own limit
+    untrusted = app_of(login_failures_per_minute=3, login_failures_per_minute_total=10, trusted_proxies=[])
+    codes = [fetch(untrusted, "POST", "/login", client=haproxy, content="token=guess", headers=FORM).status_code
+             for _ in range(4)]
+    assert codes == [401, 401, 401, 429]
+
+
+def test_the_ceiling_counts_every_failure_in_a_sliding_minute():
+    now = [0.0]
+    limiter = LoginLimiter(failures=2, total=3, window_s=60, clock=lambda: now[0])
+    for second, client in ((0.0, "a"), (5.0, "b"), (20.0, None)):
+        now[0] = second
+        assert limiter.retry_after(client) is None
+        limiter.failed(client)
+    assert limiter.retry_after("c") == 40.0 and limiter.retry_after(None) == 40.0
+    limiter.succeeded("a")  # a success forgets that client's failures, not the ceiling's
+    assert limiter.retry_after("a") == 40.0
+    now[0] = 60.5  # the first failure has left the window
+    assert limiter.retry_after("c") is None
+    now[0] = 61.0
+    limiter.failed("c")  # full again: 5, 20 and 61, for everyone until 5 + 60
+    assert limiter.retry_after("d") == 4.0 and limiter.retry_after(None) == 4.0
+    assert LoginLimiter(failures=4).total == 40
+
+
 def test_the_login_limiter_forgets_after_the_window_and_keeps_its_memory_bounded():
     now = [0.0]
-    limiter = LoginLimiter(failures=2, window_s=60, clients=3, clock=lambda: now[0])
+    limiter = LoginLimiter(failures=2, total=10_000, window_s=60, clients=3, clock=lambda: now[0])
     limiter.failed("a")
     now[0] = 10.0
     limiter.failed("a")

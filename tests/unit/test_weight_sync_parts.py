@@ -1,7 +1,10 @@
-"""The parts of a served weight sync that need no Ray: ``weights_from`` and
-``state.weights_dir`` in the config, which syncs a restore replays (and so which files it
-needs), the fence that holds a group's calls back, and the weights version from a group
-call through batching to the answer's parameters."""
+"""The parts of a served weight sync that need no Ray cluster: ``weights_from``,
+``state.weights_dir``, ``state.weights_kept`` and ``limits.weight_syncs_queued`` in the
+config, which syncs a restore replays (and so which files it needs), the queue of syncs
+into a group (bounded, waiting syncs from one source run once, a waiting sync nobody
+waits for never runs, a running one always ends), the one line an error message keeps
+of an exception, the fence that holds a group's calls back, and the weights version from
+a group call through batching to the answer's parameters."""
 
 from __future__ import annotations
 
@@ -14,7 +17,9 @@ from hybridflow.config import ConfigError, StateConfig, load_config
 from hybridflow.control.batching import Batcher, Ran, run_alone
 from hybridflow.control.contract import InferResult
 from hybridflow.control.fence import Fence
-from hybridflow.control.weights import replayed_syncs
+from hybridflow.control.kept_weights import replayed_syncs
+from hybridflow.control.sync_queue import SyncQueue
+from single_controller.weights.reasons import reason_of, scrub
 
 MLP = "single_controller.models.mlp_worker:MLPLayerWorker"
 
@@ -61,6 +66,102 @@ def test_the_weights_directory_defaults_beside_the_state_file(tmp_path):
     assert overridden.weights_directory() == str(tmp_path / "o" / "weights")
     with pytest.raises(ValueError):
         StateConfig(weights_dir=" ")
+
+
+def test_the_kept_syncs_and_the_sync_queue_are_bounded_in_the_config():
+    groups = [{"name": "d", "groups": [mlp("a")]}]
+    config = load_config({"deployments": groups})
+    assert config.state.weights_kept == 2 and config.limits.weight_syncs_queued == 4
+    config = load_config({"deployments": groups, "state": {"weights_kept": 1}, "limits": {"weight_syncs_queued": 0}})
+    assert config.state.weights_kept == 1 and config.limits.weight_syncs_queued == 0
+    for override, where in (({"state": {"weights_kept": 0}}, "state.weights_kept"),
+                            ({"limits": {"weight_syncs_queued": -1}}, "limits.weight_syncs_queued")):
+        with pytest.raises(ConfigError, match=where):
+            load_config({"deployments": groups, **override})
+
+
+def test_syncs_wait_in_a_bounded_queue_and_those_from_one_source_run_once():
+    async def scenario() -> tuple:
+        queue: SyncQueue[str] = SyncQueue(bound=3)
+        release = asyncio.Event()
+        started: list[str] = []
+
+        def sync(name: str):
+            async def run() -> str:
+                started.append(name)
+                await release.wait()
+                return f"{name}: version {len(started)}"
+            return run
+
+        answers = [queue.submit("mlp", sync("first"))]  # nothing runs: it starts at once
+        await asyncio.sleep(0)
+        answers += [queue.submit("mlp", sync(f"mlp {i}")) for i in range(2)]  # wait, together
+        answers.append(queue.submit(None, sync("keyed")))  # a request of its own: never shared
+        assert queue.waiting == 3 and queue.busy
+        refused = queue.submit("mlp", sync("one too many"))
+        tasks = [asyncio.ensure_future(a) for a in answers]
+        release.set()
+        return refused, await asyncio.gather(*tasks), started, queue
+
+    refused, answers, started, queue = asyncio.run(scenario())
+    assert refused is None
+    assert started == ["first", "mlp 0", "keyed"]  # three runs for four requests, in order
+    assert answers == ["first: version 1", "mlp 0: version 2", "mlp 0: version 2", "keyed: version 3"]
+    assert queue.waiting == 0 and not queue.busy
+
+
+def test_a_waiting_sync_nobody_waits_for_never_runs_and_a_running_one_ends():
+    async def scenario() -> tuple:
+        queue: SyncQueue[str] = SyncQueue(bound=0)
+        release, started, ended = asyncio.Event(), [], []
+
+        def sync(name: str):
+            async def run() -> str:
+                started.append(name)
+                await release.wait()
+                ended.append(name)
+                return name
+            return run
+
+        running = asyncio.ensure_future(queue.submit("mlp", sync("running")))
+        await asyncio.sleep(0)
+        assert queue.submit("mlp", sync("refused")) is None  # bound 0: nothing may wait
+        queue.bound = 2
+        gone = asyncio.ensure_future(queue.submit("mlp", sync("gone")))
+        await asyncio.sleep(0)
+        running.cancel()  # its client went away: the run goes on
+        gone.cancel()  # nobody waits for it any more: it is dropped
+        await asyncio.sleep(0)
+        assert queue.waiting == 0
+        later = queue.submit("mlp", sync("later"))
+        release.set()
+        return await later, started, ended
+
+    later, started, ended = asyncio.run(scenario())
+    assert later == "later" and started == ["running", "later"] and ended == ["running", "later"]
+
+
+def test_an_error_message_keeps_one_line_of_an_exception():
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    traceback = ('Traceback (most recent call last):\n  File "/home/svc/single_controller/weights/worker.py", '
+                 'line 268, in _commit_weights\n    raise RuntimeError(\nRuntimeError: no weights staged')
+    cause = RuntimeError("no weights staged for sync 3fa9 on rank 1 (another sync staged after it)")
+    remote = RayTaskError("MLPLayerWorker._commit_weights", traceback, cause, pid=4242, ip="10.20.30.40",
+                          actor_id="ffa1b2", actor_repr="<MLPLayerWorker>").as_instanceof_cause()
+    raw = str(remote)
+    assert "\x1b[" in raw and "pid=4242" in raw and "10.20.30.40" in raw and "/home/svc" in raw  # what Ray says
+    assert reason_of(remote) == ("RuntimeError: no weights staged for sync 3fa9 on rank 1 "
+                                 "(another sync staged after it)")
+    assert scrub(raw) == "RuntimeError: no weights staged"  # a traceback's last line, cleaned
+    assert reason_of(ActorDiedError()) == "ActorDiedError"  # its text names the process and node
+    assert reason_of(OSError(28, "No space left on device", "/srv/w/v3-ab/rank0.safetensors")) == (
+        "OSError: No space left on device")
+    assert scrub("\x1b[31m/srv/weights/v3-ab/rank0.safetensors is missing (pid=7, ip=10.0.0.2) at "
+                 "[fe80::1] or 192.168.1.9:6379\x1b[0m") == "rank0.safetensors is missing at [<address>] or <address>"
+    assert scrub("tp=4 -> tp=2: 3 / 4 shards, weights/rollout v3-ab/rank0") == (
+        "tp=4 -> tp=2: 3 / 4 shards, weights/rollout v3-ab/rank0")  # no absolute path, nothing cut
+    assert len(scrub("x" * 1000)) == 400
 
 
 def test_a_restore_replays_only_the_last_of_consecutive_syncs():

@@ -3,8 +3,10 @@
 session value derived from it (``hybridflow.http.auth`` accepts either): HttpOnly, so no
 page script can read it, SameSite=Strict, so no other site's request carries it, and
 Secure when the browser came over https (directly, or as a trusted proxy says). Wrong
-tokens are limited per client address (``hybridflow.http.login_limit``). Open routes,
-outside the schema.
+tokens are limited per client address and for all clients together
+(``hybridflow.http.login_limit``); an address that is a trusted proxy's own (a proxy that
+named no client, such as Serve's HAProxy) is no client's, and counts towards the second
+only. Open routes, outside the schema.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from hybridflow.http.auth import COOKIE, session_value, token_matches
 from hybridflow.http.body import body_kind, read_body
 from hybridflow.http.errors import ApiError
 from hybridflow.http.login_limit import LoginLimiter
-from hybridflow.http.proxies import came_over_https, client_address
+from hybridflow.http.proxies import came_over_https, client_address, trusted
 from hybridflow.http.routes.common import settings
 
 FORM = "application/x-www-form-urlencoded"
@@ -59,7 +61,9 @@ async def login_form(request: Request, next: str = "/") -> Response:
 async def login(request: Request) -> Response:
     config = settings(request)
     limiter: LoginLimiter = request.app.state.login_limiter
-    client = client_address(request, config.trusted_proxies)
+    client: str | None = client_address(request, config.trusted_proxies)
+    if trusted(client, config.trusted_proxies):  # the proxy's own address: one bucket for everyone behind it
+        client = None
     wait = limiter.retry_after(client) if config.auth_token else None
     if wait is not None:  # before the body is read or the token compared
         seconds = str(math.ceil(wait))

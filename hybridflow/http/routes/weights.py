@@ -47,10 +47,23 @@ class WeightSyncAnswer(BaseModel):
     seconds: float
 
 
+class KeptSyncAnswer(BaseModel):
+    version: int
+    bytes: int = Field(..., description="bytes of its shard files, every rank's")
+    restore_point: bool = Field(..., description="whether a rebuild of the group starts from this sync")
+
+
+class KeptAnswer(BaseModel):
+    bytes: int = Field(..., description="disk use of the kept shard files")
+    weights_kept: int = Field(..., description="state.weights_kept: the latest syncs whose files stay in any case")
+    syncs: list[KeptSyncAnswer] = Field(..., description="the syncs whose files are kept, oldest first")
+
+
 class WeightsAnswer(BaseModel):
     group: str
     weights_version: int
     layout: dict[str, Any] = Field(..., description="WeightLayout.to_dict(): every rank's place and parameters")
+    kept: KeptAnswer | None = Field(None, description="the synced shards kept for a rebuild (null: unreadable now)")
 
 
 def _deployment(request: Request, group: str) -> str:
@@ -76,7 +89,8 @@ async def _source(request: Request) -> tuple[str, bytearray]:
 @router.post(
     "/v1/weights/{group}",
     response_model=WeightSyncAnswer,
-    responses={**errors(400, 401, 404, 413, 415, 422, 503, 504), 202: {"model": JobStatus}},
+    responses={**errors(400, 401, 404, 413, 415, 422, 503, 504), 202: {"model": JobStatus},
+               429: {**errors(429)[429], "description": "limits.weight_syncs_queued syncs wait already (Retry-After)"}},
     openapi_extra={"requestBody": {"required": True, "content": {
         JSON: {"schema": WeightSyncBody.model_json_schema(by_alias=True)}}}},
 )
@@ -84,7 +98,8 @@ async def sync_weights(group: str, request: Request, job: bool = False) -> Any:
     """Give ``group`` the weights of the body's ``from`` group (of the same deployment),
     resharded to its layout, under a new weights version; calls on ``group`` wait while
     the weights are swapped. With ``?job=true`` it runs as a job: 202 and its
-    ``Location``. With an ``Idempotency-Key``, a repeat gets the first sync's answer."""
+    ``Location``. With an ``Idempotency-Key``, a repeat gets the first sync's answer.
+    429 with ``Retry-After`` when ``limits.weight_syncs_queued`` syncs wait already."""
     deployment = _deployment(request, group)
     source, body = await _source(request)
     if _deployment(request, source) != deployment:
@@ -108,8 +123,9 @@ async def sync_weights(group: str, request: Request, job: bool = False) -> Any:
 @router.get("/v1/weights/{group}", response_model=WeightsAnswer, responses=errors(401, 404, 503, 504))
 async def weights(group: str, request: Request) -> Any:
     """The group's weights version and layout: each rank's tp/dp/pp place, device, and
-    parameters by logical name with full shape, dtype and split dimension. 404 for a group
-    whose worker declares no weights."""
+    parameters by logical name with full shape, dtype and split dimension; and the disk
+    use of the synced shards it keeps (``kept``). 404 for a group whose worker declares no
+    weights."""
     _deployment(request, group)
     result = await backend(request).call(CallRequest(group, WEIGHTS_LAYOUT, operation=True))
     if result.error is not None:
