@@ -29,6 +29,7 @@ from hybridflow.control.transport import TASKS
 from hybridflow.state.codec import StateCodecError
 from hybridflow.state.journal import Journal
 from hybridflow.state.store import StateMismatchError
+from single_controller.ray.graph_channel import GraphClosed
 
 STARTING, READY, REBUILDING, RESTORING, REPLACING, FAILED = (
     "starting", "ready", "rebuilding", "restoring", "replacing", "failed")
@@ -64,7 +65,7 @@ def failure_of(exc: BaseException) -> tuple[bool, str]:
     if isinstance(exc, RayTaskError) and not isinstance(exc, RayActorError):
         cause = exc.cause if getattr(exc, "cause", None) is not None else exc
         return False, f"{type(cause).__name__}: {first_line(cause)}"
-    if isinstance(exc, RayError):
+    if isinstance(exc, (RayError, GraphClosed)):  # a closed graph: a rank behind it went away
         return True, type(exc).__name__
     return False, f"{type(exc).__name__}: {first_line(exc)}"
 
@@ -137,6 +138,8 @@ class UnitState:
     examining: bool = False
     #: Each rank's node (IP, else id) as the group's rank details show it.
     nodes: list[str] = field(default_factory=list)
+    #: What the latest failed start, rebuild, restore or replacement said.
+    last_failure: str | None = None
     #: Ranks whose replacement failed and is tried again.
     replacing: list[int] = field(default_factory=list)
     #: The next try after a failed start (a timer), if one is due.

@@ -92,6 +92,7 @@ class Supervisor(Recovery):
         self.on_rebuilt = on_rebuilt
         self.replay_timeout_s = replay_timeout_s
         self.events = events if events is not None else EventBus()
+        self.closed = False
 
     # -- status ---------------------------------------------------------------------------
     def set_status(self, unit: UnitState, status: str) -> None:
@@ -118,7 +119,8 @@ class Supervisor(Recovery):
     # -- start ------------------------------------------------------------------------
     def shutdown(self) -> None:
         """End the start threads (a start still running finishes; none queued begins)
-        and the tries due after failed starts."""
+        and the tries due after failed starts; nothing is started again from now on."""
+        self.closed = True
         for unit in self.units:
             if unit.retry is not None:
                 unit.retry.cancel()
@@ -153,8 +155,11 @@ class Supervisor(Recovery):
             self.halt(unit, f"{what} failed: {reason}; not retried: fix the cause, or discard the stored state "
                             f"with {route}", hint=False)
             return
+        if self.closed:
+            return
         delay = unit.supervision.backoff.failed()
-        unit.last_error = f"{what} failed: {reason}; tried again in {delay:g} s"
+        unit.last_failure = f"{what} failed: {reason}"
+        unit.last_error = f"{unit.last_failure}; tried again in {delay:g} s"
         self.set_status(unit, FAILED)
         unit.retry = asyncio.get_running_loop().call_later(delay, self._try_again, unit)
 
@@ -163,7 +168,7 @@ class Supervisor(Recovery):
         if unit.status != FAILED or unit.halted or unit.recovering:
             return
         if not may_restart(unit.supervision.window, time.monotonic()):
-            self.halt(unit, unit.supervision.window.reason(time.monotonic()))
+            self.halt(unit, f"{unit.supervision.window.reason(time.monotonic())}; the last try: {unit.last_failure}")
             return
         self._restarted(unit)
         member = unit.members[0]
@@ -290,6 +295,14 @@ class Supervisor(Recovery):
         logger.warning("rebuilding %s: %s", unit.unit.name, reason)
         self._begin(unit, REBUILDING, reason, self.rebuild(unit))
 
+    def recover(self, unit: UnitState, reason: str) -> None:
+        """Rebuild the unit on fresh workers with its stored state, in the background,
+        once at a time (no restart: whoever asks knows why)."""
+        if unit.recovering:
+            return
+        logger.warning("rebuilding %s: %s", unit.unit.name, reason)
+        self._begin(unit, REBUILDING, reason, self.rebuild(unit))
+
     def restore(self, unit: UnitState, reason: str) -> None:
         """A client's call left the ranks off the journal: restore them (in place where
         the workers can be), in the background, once at a time. Not a restart."""
@@ -329,6 +342,9 @@ class Supervisor(Recovery):
             metrics.group_restarted(member.name)
 
     def _begin(self, unit: UnitState, status: str, reason: str, work: Coroutine[Any, Any, None]) -> None:
+        if self.closed:
+            work.close()
+            return
         unit.halted = False
         unit.last_error = reason
         unit.pings = None
