@@ -57,9 +57,12 @@ async def within_deadline(answer: Awaitable[T], what: str, timeout_s: float) -> 
 def event_cursor(text: str | None, controllers: int) -> list[int] | None:
     """A ``Last-Event-ID`` where controllers run in replicas of their own: for each
     controller, in the config's order, the id of its latest event the client got,
-    joined by dots (a plain number with one controller). None for none given."""
+    joined by dots (a plain number with one controller); ``0`` alone is every event kept.
+    None for none given."""
     if text is None or not text.strip():
         return None
+    if text.strip() == "0":
+        return [0] * controllers
     parts = text.strip().split(".")
     if len(parts) != controllers or not all(p.isdigit() and len(p) <= 18 for p in parts):
         raise ValueError(f"Last-Event-ID {text[:60]!r} is not an event id of this service ({controllers} numbers "

@@ -126,3 +126,70 @@ def test_supervision_fields_are_checked_by_their_ranges():
                                                  "backoff_s": {"initial": 5, "max": 1}}}, check_workers=False)
     assert "supervision.on_rank_lost" in message and "supervision.max_restarts" in message
     assert "max (1) is below initial (5)" in message
+
+
+# -- the supervisor's tries after failed starts, without Ray ------------------------------
+
+
+class _NothingStored:
+    in_place = False
+
+    async def restore(self, member) -> int:
+        return 0
+
+
+def _unit(name: str, start, supervision: dict):
+    from hybridflow.config import GroupConfig
+    from hybridflow.control.builder import Unit
+    from hybridflow.control.supervisor import GroupState, UnitState
+
+    member = GroupState(config=GroupConfig(name=name, worker=PLAIN, plain_actor=True, supervision=supervision),
+                        methods={}, worker_class="Accumulator", resource_pool="", durability=_NothingStored())
+    unit = UnitState(Unit(name, [name], start), [member])
+    member.unit = unit
+    return unit
+
+
+def test_failed_starts_are_tried_after_a_doubling_backoff_until_the_window_halts_the_group(monkeypatch):
+    import asyncio
+
+    from hybridflow.control import metrics
+    from hybridflow.control.supervisor import Supervisor
+
+    recorded: dict[str, list] = {"restarted": [], "halted": [], "unready": []}
+    monkeypatch.setattr(metrics, "group_restarted", lambda group: recorded["restarted"].append(group))
+    monkeypatch.setattr(metrics, "group_halted", lambda group: recorded["halted"].append(group))
+    monkeypatch.setattr(metrics, "group_unready", lambda group, seconds: recorded["unready"].append(seconds))
+    tries: list[str] = []
+
+    def start() -> dict:
+        tries.append(unit.status)
+        raise OSError("no bundle for the worker yet")  # may pass: tried again
+
+    unit = _unit("g", start, {"max_restarts": 3, "restart_window_s": 60, "backoff_s": {"initial": 0.05, "max": 0.1}})
+    supervisor = Supervisor([unit], request_timeout_s=5, health_timeout_s=1)
+    delays: list[float] = []  # the waits the supervisor scheduled after each failure
+    backoff = unit.supervision.backoff
+    real_failed = backoff.failed
+    backoff.failed = lambda: delays.append(real_failed()) or delays[-1]
+
+    async def scenario():
+        with pytest.raises(OSError):
+            await supervisor.start_all()
+        assert unit.status == "failed" and not unit.halted
+        assert unit.last_error == "start failed: OSError: no bundle for the worker yet; tried again in 0.05 s"
+        while not unit.halted:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(scenario())
+    supervisor.shutdown()
+    assert tries == ["starting", "rebuilding", "rebuilding", "rebuilding"]  # the first, then max_restarts tries
+    assert unit.restarts == 3
+    assert delays == [0.05, 0.1, 0.1, 0.1]  # doubled, then at its max (the last failure's was never waited)
+    assert unit.last_error.startswith("restarted 3 times in 60 s; the last try: rebuild failed: OSError: no bundle")
+    assert "POST /v1/admin/groups/g/restart" in unit.last_error
+    events = [(e.kind, e.fields.get("status")) for e in supervisor.events._ring]
+    tried = [("group_status", "rebuilding"), ("group_status", "failed")]
+    assert events == [("group_status", "failed"), *tried * 3, ("group_halted", None)]
+    assert recorded["restarted"] == ["g"] * 3 and recorded["halted"] == ["g"]
+    assert recorded["unready"] and all(seconds > 0 for seconds in recorded["unready"])  # never ready: all counted

@@ -1,7 +1,11 @@
-"""One client's bad call stays that client's, on the service as shipped: a mutating call
-that raises on the ranks (a wrong argument type) restores its group in place, on the same
-processes, while ``/readyz`` and ``/v2/health/ready`` keep answering 200; the group's
-own status (``restoring``, in the event stream) and its calls' 503s say it restores."""
+"""Groups' events on the service as shipped (its controllers in the ingress replica):
+
+- one client's bad call stays that client's: a mutating call that raises on the ranks (a
+  wrong argument type) restores its group in place, on the same processes, while
+  ``/readyz`` and ``/v2/health/ready`` keep answering 200; the group's own status
+  (``restoring``, in the event stream) says it restores;
+- a job's statuses are events of its group, sent by the jobs deployment through the
+  ingress, in order, behind HAProxy as the stream's every other event."""
 
 from __future__ import annotations
 
@@ -83,3 +87,14 @@ def test_a_bad_add_restores_its_group_in_place_while_the_service_stays_ready(ser
     assert [(data["previous"], data["status"]) for kind, data in statuses if kind == "group_status"] == [
         ("ready", "restoring"), ("restoring", "ready")]
     assert identity(http, "gpu_accumulator") == (pids, values, rebuilds)  # same processes, same state
+
+
+def test_a_jobs_statuses_are_events_of_its_group(service, http):
+    position = event_position(service.url)
+    job = http.post("/v1/jobs/test_actor/record", json={"kwargs": {"item": "a job"}})
+    assert job.status_code == 202, job.text
+    job_id = job.json()["id"]
+    found = events_after(service.url, position, "test_actor",
+                         lambda found: found[-1][0] == "job" and found[-1][1]["status"] == "succeeded")
+    assert [(data["job_id"], data["status"]) for kind, data in found if kind == "job"] == [
+        (job_id, "queued"), (job_id, "running"), (job_id, "succeeded")]
