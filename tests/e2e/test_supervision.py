@@ -10,10 +10,12 @@ driven as a user would, over HTTP with the token:
   with its state;
 - the restart bound: workers that die in ``__init__`` after their first start halt their
   group after ``max_restarts``, the backoff between tries visible in the events' times;
-- a Megatron group declared with ``replace_rank`` is refused at start, with the reason.
+- a Megatron group declared with ``replace_rank`` is refused at start, with the reason;
+- the metrics count the restarts, replaced ranks, halts and time not ready of each group.
 
 The service's settings shorten every wait: Serve's health check of the ingress (which
-hosts the controllers) every second, a backoff of 1 s doubling to 2 s.
+hosts the controllers) every second, a backoff of 1 s doubling to 2 s, Ray's metrics
+exported every 2 s.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import httpx
 import pytest
 
 from hybridflow_client.python_client import SingleControllerClient
+from tests.e2e.cluster import metrics_endpoints, scrape_until
 from tests.serve_process import ServeProcess
 
 TOKEN = "supervision-token"
@@ -70,7 +73,7 @@ def supervised(tmp_path_factory):
               init_kwargs={"refuse_restart_in": str(marks)}),
     ]}
     proc = ServeProcess(overrides={"deployments": [deployment], "state": {"snapshot_every": 5}},
-                        env={"SC_AUTH_TOKEN": TOKEN},
+                        env={"SC_AUTH_TOKEN": TOKEN, "RAY_metrics_report_interval_ms": "2000"},
                         state_path=tmp_path_factory.mktemp("supervised-state") / "state.db",
                         serve_options={"ingress": {"health_check_period_s": 1}})
     try:
@@ -201,3 +204,20 @@ def test_workers_that_die_in_init_halt_their_group_after_max_restarts(supervised
     assert statuses[3][1] - statuses[2][1] >= BACKOFF["initial"] - 0.01
     assert events[-1].at - statuses[4][1] >= 2 * BACKOFF["initial"] - 0.01
     assert events[-1]["reason"].startswith("restarted 2 times in 60 s")
+
+
+def test_the_metrics_count_restarts_replaced_ranks_halts_and_time_not_ready(supervised, client):
+    """After the tests above (a module runs in order): what each group went through."""
+    expected = {(name, metric): group(client, name)[field] for name in ("replaced", "bounded")
+                for metric, field in (("restarts", "restarts"), ("replaced_ranks", "replaced_ranks"))}
+    assert expected[("replaced", "replaced_ranks")] == 1 and expected[("bounded", "restarts")] == 2
+
+    def shown(samples) -> bool:
+        return all(samples.total(f"ray_hybridflow_group_{metric}_total", group=name) == value
+                   for (name, metric), value in expected.items()) and all(
+            samples.total("ray_hybridflow_group_halts_total", group=name) == 1 for name in ("halted", "bounded"))
+
+    samples = scrape_until(metrics_endpoints(supervised), shown)
+    # the bounded group has not been ready since its first rank was killed; the others were for a while
+    assert samples.total("ray_hybridflow_group_unready_seconds_total", group="bounded") > 0
+    assert samples.total("ray_hybridflow_group_unready_seconds_total", group="halted") > 0

@@ -149,6 +149,8 @@ def test_a_failing_snapshot_is_reported_and_retried(loop, controller):
         run(loop, state.durability.snapshot_settled())
     assert snapshots.failures >= failures + 1
     assert "state_dict raised RuntimeError: state_dict refuses for now" in snapshots.error
+    reported = [e for e in controller.events._ring if e.kind == "snapshot_failed" and e.group == "counter"]
+    assert reported and reported[-1].fields == {"reason": snapshots.error}  # an event of its own too
     assert controller._summary(state).snapshot_error == snapshots.error
     assert len(state.journal) > EVERY  # the journal keeps every call meanwhile
     assert call(loop, controller, "counter", "fail_snapshots", False).ok
