@@ -267,8 +267,9 @@ class GroupController:
             done, waiting = await asyncio.wait(futures, timeout=self.request_timeout_s)
             if waiting:
                 # The workers are stuck behind this call (and a mutating one may still apply):
-                # rebuild the group from the journal.
-                self.supervisor.restart(unit, f"{state.name}.{entry.method if entry else 'call'} timed out")
+                # rebuild the group from the journal (unless it was rebuilt meanwhile).
+                if generation == unit.generation:
+                    self.supervisor.restart(unit, f"{state.name}.{entry.method if entry else 'call'} timed out")
                 result.error = _error(
                     ErrorKind.TIMEOUT, f"{state.name} did not finish within {self.request_timeout_s:g} s"
                 )
@@ -276,9 +277,11 @@ class GroupController:
             failures = [failure_of(f.exception()) for f in futures if f.exception() is not None]
             if failures:
                 lost = [message for worker_lost, message in failures if worker_lost]
-                if lost:
+                if generation != unit.generation:
+                    pass  # workers of an earlier generation: what became of them was acted on
+                elif lost:
                     self.supervisor.worker_lost(unit, f"{state.name}: a worker was lost ({lost[0]})")
-                elif entry is not None or generation != unit.generation:
+                elif entry is not None:
                     # A mutating call failed: whether it raised on some ranks or on all of
                     # them, it may have changed them before it raised, and the ranks no
                     # longer match the journal.
