@@ -45,33 +45,16 @@ system-deps:
 		echo "missing Debian packages: $$missing (as root: apt-get install -y $$missing)"; \
 	fi
 
-# One pytest run per layer: unit (no Ray), ray (one cluster), e2e (serve run). The unit
-# layer (no Ray, no timing) runs beside the Ray layer, whose cluster start and worker spawns
-# leave a core idle part of the time, and after it, still beside the Ray layer, the Ray
-# tests that start a cluster of their own (the marker own_cluster: the multi-node check).
-# Then the end-to-end layer, in two processes side by side: the tests on the session's
-# service (serve_config.yaml as shipped: the marker shipped_service) and the tests on
-# services of their own, which spend much of their time waiting (restarts, a 40 s call,
-# health checks), so the two fill each other's waits. Each keeps at most two Ray clusters
-# at once. Every layer runs even if another failed; the reports of the processes run
-# beside another follow its report. Exit status 5 (nothing selected, as with a
-# PYTEST_ARGS -k) fails no layer.
+# The layers of the suite, side by side where they can be (tests/run_suite.py says which,
+# and prints each layer's time at the end): the unit layer (no Ray) and the client's own
+# tests beside the Ray layer's one cluster, then the end-to-end layer: the tests on the
+# session's `serve run` and the applications sharing its cluster, beside those that start
+# clusters of their own. Every layer runs even if another failed. PYTEST_ARGS goes to
+# every run.
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
-UNIT_LOG := $(VENV)/unit-tests.log
-E2E_OWN_LOG := $(VENV)/e2e-own-services.log
-PASSED = { rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]; }
 test: system-deps $(STAMP)
 	$(VENV)/bin/ruff check .
-	status=0; \
-	( side=0; $(PYTEST) tests/unit $(PYTEST_ARGS) || $(PASSED) || side=1; \
-	  $(PYTEST) tests/ray -m own_cluster $(PYTEST_ARGS) || $(PASSED) || side=1; exit $$side ) \
-		> $(UNIT_LOG) 2>&1 & unit=$$!; \
-	$(PYTEST) tests/ray -m "not own_cluster" $(PYTEST_ARGS) || $(PASSED) || status=1; \
-	wait $$unit || status=1; echo "--- tests/unit, then tests/ray -m own_cluster:"; cat $(UNIT_LOG); \
-	$(PYTEST) tests/e2e -m "not shipped_service" $(PYTEST_ARGS) > $(E2E_OWN_LOG) 2>&1 & own=$$!; \
-	$(PYTEST) tests/e2e -m shipped_service $(PYTEST_ARGS) || $(PASSED) || status=1; \
-	wait $$own || $(PASSED) || status=1; echo "--- tests/e2e, services of their own:"; cat $(E2E_OWN_LOG); \
-	exit $$status
+	$(PY) -m tests.run_suite $(PYTEST_ARGS)
 
 # The three layers of the suite: no Ray (seconds), one Ray cluster, `serve run` end to end.
 test-unit: system-deps $(STAMP)

@@ -149,6 +149,8 @@ class ServeProcess:
         (``SC_STATE_PATH``: a file, or a ``redis://`` URL) instead of the config's
         ``.hybridflow/state.db``, so services running at once keep their state apart."""
         self.source = config
+        #: The Serve application's name, as the config names it.
+        self.app_name = (yaml.safe_load(config.read_text()) or {}).get("applications", [{}])[0].get("name", "default")
         self.serve_options = serve_options or {}
         self.changed = bool(overrides) or deployments is not None or bool(self.serve_options)
         # The config's own ports (8000, and 9000 for gRPC) where they are free and the config

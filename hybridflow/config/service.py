@@ -78,6 +78,14 @@ class ServiceConfig(_Strict):
     )
     request_timeout_s: float = Field(120.0, gt=0, description="a call that runs longer answers 504")
     health_timeout_s: float = Field(10.0, gt=0, description="an idle worker that does not answer a ping this long is lost")
+    health_check_period_s: float = Field(
+        10.0, gt=0, description="seconds between Serve's health checks of each replica that hosts controllers: how "
+        "soon a lost or hung worker is noticed (each check pings every group's workers)",
+    )
+    health_check_timeout_s: float = Field(
+        30.0, gt=0, description="a health check of such a replica that takes longer fails, and Serve restarts the "
+        "replica (the checks never wait behind calls)",
+    )
     max_body_bytes: int = Field(1 << 30, gt=0, description="larger request bodies answer 413")
     auth_token: str | None = Field(
         None, description="when set (or SC_AUTH_TOKEN is), every route but health checks needs 'Bearer <token>'"
@@ -105,6 +113,11 @@ class ServiceConfig(_Strict):
                 f"got {self.ingress_replicas}"
             )
         return self
+
+    def health_check_options(self) -> dict[str, float]:
+        """Serve's options for the replicas that host controllers."""
+        return {"health_check_period_s": self.health_check_period_s,
+                "health_check_timeout_s": self.health_check_timeout_s}
 
     @property
     def controllers_embedded(self) -> bool:
