@@ -118,10 +118,30 @@ def _owns_its_storage(tensor: torch.Tensor) -> bool:
 def compact_tensordict(batch: TensorDictBase) -> TensorDictBase:
     """``batch`` with every tensor that views part of a larger storage copied into one
     of its own. Torch pickles a view with its whole storage, so a slice of a large batch
-    sent to a rank would carry every row; compacted, it carries only its own."""
-    if all(_owns_its_storage(t) for t in batch.values(include_nested=True, leaves_only=True)):
+    sent to a rank would carry every row; compacted, it carries only its own. Jagged
+    tensors and object columns are kept as they are (the helpers that split them give
+    parts of their own), and never walked row by row."""
+    from tensordict import TensorDict
+
+    if type(batch) is not TensorDict:  # another kind of TensorDict: its own walk
+        if all(_owns_its_storage(t) for t in batch.values(include_nested=True, leaves_only=True)):
+            return batch
+        return batch.apply(lambda t: t if _owns_its_storage(t) else t.clone())
+    entries = {key: batch.get(key) for key in batch.keys()}
+    compacted = {key: _compact(value) for key, value in entries.items()}
+    if all(compacted[key] is value for key, value in entries.items()):
         return batch
-    return batch.apply(lambda t: t if _owns_its_storage(t) else t.clone())
+    return TensorDict(compacted, batch_size=batch.batch_size, device=batch.device, names=batch.names)
+
+
+def _compact(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value if value.is_nested or _owns_its_storage(value) else value.clone()
+    if getattr(value, "_is_non_tensor", False):  # NonTensorData, object columns: no storage
+        return value
+    return compact_tensordict(value)
 
 
 def chunk_batch(batch: Batch, chunks: int) -> list[Batch]:
