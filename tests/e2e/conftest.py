@@ -8,7 +8,8 @@ that asks for it and stopped after its last:
   request timeout, and the ingress scaled out to two replicas, so the controllers run in
   replicas of their own;
 - the third service: small groups for the state store's bounds and a group that declares
-  a mesh (its workers from another package outside the project).
+  a mesh (its workers from another package outside the project), with the byte bounds of
+  kept answers and job results lowered (``SMALL_LIMITS``).
 
 Every module runs alone and in any order: each asks for the services it uses.
 """
@@ -128,6 +129,9 @@ MESH_DEPLOYMENT = {
 
 #: The third service's snapshot interval (calls per snapshot).
 SNAPSHOT_EVERY = 100
+#: The third service's byte bounds of kept Idempotency-Key answers and finished jobs'
+#: results (defaults 256 MiB and 1 GiB): a few answers of 8 MiB pass them.
+SMALL_LIMITS = {"idempotency_bytes": 64 << 20, "jobs_result_bytes": 16 << 20}
 #: Seconds between Serve's health checks of the third service's ingress replica, which
 #: hosts its controllers (Serve's default is 10): a test that watches what the checks do
 #: waits a few of them.
@@ -164,12 +168,12 @@ def small_service(tmp_path_factory):
     """The third service (the state store's bounds, and a group that declares a mesh):
     test_actor on 2 ranks, the plain accumulator, the mesh deployment from a package
     outside the project, snapshots every 100 calls, a SQLite file of its own
-    (``.state_path``), a health check every ``SMALL_HEALTH_CHECK_PERIOD_S``. Started by its
-    first user, stopped after its last."""
+    (``.state_path``), a health check every ``SMALL_HEALTH_CHECK_PERIOD_S``, the byte
+    bounds ``SMALL_LIMITS``. Started by its first user, stopped after its last."""
     packages = write_package(tmp_path_factory.mktemp("mesh-workers"), "my_meshes", MESH_WORKERS)
     state = tmp_path_factory.mktemp("small-state") / "state.db"
     proc = ServeProcess(overrides={"deployments": [*_small_deployments(), MESH_DEPLOYMENT],
-                                   "state": {"snapshot_every": SNAPSHOT_EVERY}},
+                                   "state": {"snapshot_every": SNAPSHOT_EVERY}, "limits": SMALL_LIMITS},
                         env={"PYTHONPATH": str(packages)}, state_path=state,
                         serve_options={"ingress": {"health_check_period_s": SMALL_HEALTH_CHECK_PERIOD_S}})
     proc.state_path = state
