@@ -36,6 +36,7 @@ __all__ = [
     "build_dataproto",
     "dataproto_document",
     "is_dataproto",
+    "json_items",
     "plain_json",
 ]
 
@@ -100,13 +101,22 @@ def plain_json(value: Any, where: str, limits: WireLimits = DEFAULT_LIMITS) -> A
     return _plain(value, where, 0, limits)
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def json_items(items: list[Any], where: str, limits: WireLimits = DEFAULT_LIMITS) -> list[Any]:
+    """:func:`plain_json` of a list of parsed JSON values, one per row, at the cost of a
+    type check per scalar: only lists and objects are walked (and copied)."""
+    return [item if type(item) in _SCALARS else _plain(item, f"{where}[{i}]", 1, limits) for i, item in enumerate(items)]
+
+
 def _array_document(array: np.ndarray, where: str, limits: WireLimits) -> dict[str, Any]:
     if array.dtype.kind not in _ARRAY_KINDS:
         raise WireError(f"{where}: a numpy array of dtype {array.dtype} has no JSON form")
     if array.size > limits.max_json_values:
         raise WireError(f"{where}: {array.size} values, over limits.max_json_values")
     dtype = "object" if array.dtype.kind in "OU" else array.dtype.str
-    flat = [_plain(item, f"{where}[{i}]", 1, limits) for i, item in enumerate(array.reshape(-1).tolist())]
+    flat = json_items(array.reshape(-1).tolist(), where, limits)
     return {"dtype": dtype, "shape": list(array.shape), "data": flat}
 
 

@@ -31,7 +31,13 @@ from typing import Any
 
 import torch
 
-from hybridflow.wire.dataproto import build_dataproto, dataproto_document, is_dataproto, plain_json
+from hybridflow.wire.dataproto import (
+    build_dataproto,
+    dataproto_document,
+    is_dataproto,
+    json_items,
+    plain_json,
+)
 from hybridflow.wire.errors import WireError
 from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
 
@@ -90,7 +96,8 @@ def tensordict_document(
             raise WireError(f"{where}: only string keys travel, got {key!r:.40}")
         label = f"{where}.{key}"
         if isinstance(value, NonTensorStack):
-            objects[key] = plain_json(value.tolist(), label, limits)
+            objects[key] = json_items(value.tolist(), label, limits) if value.batch_dims == 1 else plain_json(
+                value.tolist(), label, limits)
         elif isinstance(value, NonTensorData):
             metadata[key] = plain_json(value.data, label, limits)
         elif isinstance(value, torch.Tensor) and value.is_nested:
@@ -227,7 +234,8 @@ def build_tensordict(document: Any, leaf: Leaf, where: str, limits: WireLimits =
     for key, items in objects.items():
         if not isinstance(items, list) or len(items) != rows:
             raise WireError(f"{where}.objects.{key} must be a list of one value per row ({rows} rows)")
-        source[key] = object_column(plain_json(items, f"{where}.objects.{key}", limits))
+        # one list, no tensorclass per row
+        source[key] = object_column(json_items(items, f"{where}.objects.{key}", limits))
     for key, value in metadata.items():
         source[key] = NonTensorData(plain_json(value, f"{where}.metadata.{key}", limits))
     from tensordict import TensorDict

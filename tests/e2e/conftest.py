@@ -12,7 +12,8 @@
   controllers run in replicas of their own;
 - the third application, ``/small``: small groups for the state store's bounds and a
   group that declares a mesh (its workers from another package outside the project),
-  health-checked every 2 s.
+  health-checked every 2 s, with the byte bounds of kept answers and job results lowered
+  (``SMALL_LIMITS``).
 
 Modules that restart ``serve run`` start clusters of their own (marked ``own_cluster``).
 Every module runs alone and in any order: each asks for the services it uses.
@@ -133,6 +134,9 @@ MESH_DEPLOYMENT = {
 
 #: The third service's snapshot interval (calls per snapshot).
 SNAPSHOT_EVERY = 100
+#: The small application's byte bounds of kept Idempotency-Key answers and finished jobs'
+#: results (defaults 256 MiB and 1 GiB): a few answers of 8 MiB pass them.
+SMALL_LIMITS = {"idempotency_bytes": 64 << 20, "jobs_result_bytes": 16 << 20}
 #: Serve's health checks of the small application's ingress replica, which hosts its
 #: controllers: every 2 s (Serve's default is 10), failing after 10 s (30), and a worker
 #: lost after 5 s without a ping's answer (10): a test that watches what the checks do, or
@@ -212,10 +216,11 @@ def small_service(service, tmp_path_factory):
     """The third application (the state store's bounds, and a group that declares a mesh):
     test_actor on 2 ranks, the plain accumulator, the mesh deployment from a package
     outside the project, snapshots every 100 calls, a SQLite file of its own
-    (``.state_path``), the short health checks above. Started by its first user, deleted
-    after its last."""
+    (``.state_path``), the short health checks above, the byte bounds ``SMALL_LIMITS``.
+    Started by its first user, deleted after its last."""
     app = application(service, "small", tmp_path_factory, deployments=[*_small_deployments(), MESH_DEPLOYMENT],
-                      state={"snapshot_every": SNAPSHOT_EVERY}, health_check_period_s=SMALL_HEALTH_CHECK_PERIOD_S,
+                      state={"snapshot_every": SNAPSHOT_EVERY}, limits=SMALL_LIMITS,
+                      health_check_period_s=SMALL_HEALTH_CHECK_PERIOD_S,
                       health_check_timeout_s=SMALL_HEALTH_CHECK_TIMEOUT_S, health_timeout_s=SMALL_PING_TIMEOUT_S)
     try:
         yield app.start()
