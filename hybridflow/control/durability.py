@@ -63,6 +63,7 @@ from hybridflow.config import GroupConfig, StateConfig
 from hybridflow.control.catalogue import LOAD_STATE_DICT, STATE_DICT
 from hybridflow.control.contract import CallRequest, CallResult, ControllerError, ErrorKind
 from hybridflow.control.snapshots import Snapshots
+from hybridflow.control.submissions import large
 from hybridflow.control.supervisor import RestoreRefused, as_asyncio
 from hybridflow.state.async_store import AsyncStore
 from hybridflow.state.codec import (
@@ -73,7 +74,7 @@ from hybridflow.state.codec import (
     encode_answer,
     encode_call,
 )
-from hybridflow.state.idempotency import IdempotencyConflict, estimate_bytes
+from hybridflow.state.idempotency import IdempotencyConflict
 from hybridflow.state.journal import Entry
 from hybridflow.state.store import (
     ScopeMeta,
@@ -92,8 +93,6 @@ logger = logging.getLogger(__name__)
 
 #: What a group's stored state depends on beyond its world size and worker class.
 FINGERPRINT_FIELDS = ("plain_actor", "init_args", "init_kwargs", "init_calls", "megatron")
-#: Arguments of about this many bytes and more are encoded off the event loop.
-OFF_LOOP_BYTES = 256 * 1024
 #: How a restore replays one of the service's own operations: ``(member, seq, args, kwargs)``.
 Operation = Callable[[Any, int, tuple[Any, ...], dict[str, Any]], Awaitable[None]]
 
@@ -305,7 +304,7 @@ class GroupDurability:
         what is replayed is what the caller sent, whatever a dispatch function does to its
         arguments afterwards; large arguments are encoded off the loop (StateCodecError:
         arguments the store cannot keep)."""
-        if estimate_bytes((args, kwargs)) < OFF_LOOP_BYTES:
+        if not large((args, kwargs)):
             return encode_call(method, args, kwargs)
         return await asyncio.to_thread(encode_call, method, args, kwargs)
 

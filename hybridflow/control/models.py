@@ -63,7 +63,7 @@ class ModelServer:
         kept = self._specs.get(name)
         if kept is not None and kept[0] == version:
             return kept[1]
-        pending = state.caller.submit(model.io_method)
+        pending = await state.submissions.submitted(lambda: state.caller.submit(model.io_method))
         values = [await future for future in as_asyncio(pending.futures)]
         answer = pending.collect(values)
         if isinstance(answer, list):
