@@ -64,8 +64,8 @@ class Settings:
     def for_run(cls, quick: bool, processes: int | None = None) -> Settings:
         processes = processes or default_processes()
         if quick:
-            return cls(processes, lone_s=3.0, window_s=4.0, warmup_s=1.0, idle_s=2.0)
-        return cls(processes, lone_s=5.0, window_s=8.0, warmup_s=2.0, idle_s=3.0)
+            return cls(processes, lone_s=2.0, window_s=3.0, warmup_s=0.5, idle_s=2.0)
+        return cls(processes, lone_s=4.0, window_s=6.0, warmup_s=1.0, idle_s=4.0)
 
     def figures(self) -> dict[str, Any]:
         return {**asdict(self), "add_concurrency": ADD_CONCURRENCY, "infer_concurrency": list(INFER_CONCURRENCY),
@@ -79,6 +79,11 @@ def infer_body() -> tuple[bytes, dict[str, str]]:
     from bench.http_figures import oip_body
 
     return oip_body("x", torch.rand(*INFER_SHAPE, generator=torch.Generator().manual_seed(0)), binary_output=True)
+
+
+def say(what: str) -> None:
+    """A line on standard error: where a long run is."""
+    print(f"bench {time.strftime('%H:%M:%S')}: {what}", file=sys.stderr, flush=True)
 
 
 # -- one target's figures --------------------------------------------------------------------
@@ -237,7 +242,10 @@ def floor_run(settings: Settings, floors: tuple[str, ...] = tuple(FLOORS), scali
     scaled = ("add" if "add" in floors else [f for f in floors if f != "add"][-1]) if scaling else None
     for name in floors:
         module, args = FLOORS[name]
+        started = time.perf_counter()
+        say(f"floor {name}: starting")
         with running_app(module, *args) as app:
+            say(f"floor {name}: measuring")
             if name == "add":
                 out[name] = measure_add(app.url, *ADD_FLOOR, settings)
                 load = Load.of_json(app.url, *ADD_FLOOR, concurrency=ADD_CONCURRENCY, processes=settings.processes,
@@ -251,6 +259,7 @@ def floor_run(settings: Settings, floors: tuple[str, ...] = tuple(FLOORS), scali
                                           last=name != scaled)
             if name == scaled:
                 out["client_scaling"] = {"target": name, **client_scaling(load)}
+        out[name]["seconds"] = time.perf_counter() - started  # its start, figures and stop
     return out
 
 
@@ -282,7 +291,9 @@ def service_run(path: str, config: os.PathLike[str], settings: Settings, add: bo
     with request_path(path):
         proc = ServeProcess(config=config)
     started = time.perf_counter()
+    say(f"service on {path}: starting")
     proc.start(timeout_s=600, ready_path="/readyz")
+    say(f"service on {path}: measuring")
     out: dict[str, Any] = {"start_s": time.perf_counter() - started}
     try:
         if add:
@@ -295,6 +306,7 @@ def service_run(path: str, config: os.PathLike[str], settings: Settings, add: bo
                                       last=i == len(SERVED_MODELS) - 1)
     finally:
         proc.kill()
+    out["seconds"] = time.perf_counter() - started
     return out
 
 
@@ -324,7 +336,8 @@ CPU_AT = INFER_CONCURRENCY[0]
 def infer_summary(measured: dict[str, Any], ranks_role: str) -> dict[str, float]:
     """One infer target's figures, flat: lone p50/p99, requests/s and p99 at each
     concurrency, and at ``CPU_AT`` clients the CPU ms per request of the machine, of the
-    path (every process but the layer's) and of the layer's processes, the ingress replica
+    target's processes, of the path (every process but the layer's) and of the layer's
+    processes, the ingress replica
     (the floor app), the proxy, the controllers, Ray's daemons and other processes."""
     out = {"lone_p50_ms": measured["lone_p50_ms"], "lone_p99_ms": measured["lone_p99_ms"]}
     for c in INFER_CONCURRENCY:
@@ -332,6 +345,7 @@ def infer_summary(measured: dict[str, Any], ranks_role: str) -> dict[str, float]
         out[f"p50_ms_{c}"] = measured[f"p50_ms_{c}"]
         out[f"p99_ms_{c}"] = measured[f"p99_ms_{c}"]
         out[f"cpu_ms_{c}"] = measured[f"cpu_{c}"]["machine_ms"]
+    out["processes_cpu_ms"] = measured[f"cpu_{CPU_AT}"]["processes_ms"]
     out["path_cpu_ms"] = path_ms(measured, CPU_AT, ranks_role)
     out["layer_cpu_ms"] = role_ms(measured, CPU_AT, ranks_role)
     out["front_cpu_ms"] = role_ms(measured, CPU_AT, INGRESS, FLOOR_APP)

@@ -177,11 +177,13 @@ SECTIONS = (
             F("infer_rank_cpu_ratio_serve_proxy", "the same on Serve's proxy",
               ("infer_layer_cpu_ms_serve_proxy", "infer_floor_plain_layer_cpu_ms"), "lower"),
             F("infer_batched_cpu_ratio_haproxy", "batched `mlp` at 16 clients: the whole machine's CPU ms per "
-              "request (the load generator's CPU and the idle rate left out) vs the plain floor's",
-              ("infer_batched_cpu_ms_16_haproxy", "infer_floor_plain_cpu_ms_16", "infer_cpu_ms_16_haproxy"), "lower"),
+              "request (the load generator's CPU and the idle rate left out) vs the plain floor's; beside it the "
+              "sum of the target's own processes (which other work on the machine does not reach)",
+              ("infer_batched_cpu_ms_16_haproxy", "infer_floor_plain_cpu_ms_16", "infer_cpu_ms_16_haproxy",
+               "infer_batched_processes_cpu_ms_haproxy", "infer_floor_plain_processes_cpu_ms"), "lower"),
             F("infer_batched_cpu_ratio_serve_proxy", "the same on Serve's proxy",
-              ("infer_batched_cpu_ms_16_serve_proxy", "infer_floor_plain_cpu_ms_16", "infer_cpu_ms_16_serve_proxy"),
-              "lower"),
+              ("infer_batched_cpu_ms_16_serve_proxy", "infer_floor_plain_cpu_ms_16", "infer_cpu_ms_16_serve_proxy",
+               "infer_batched_processes_cpu_ms_serve_proxy", "infer_floor_plain_processes_cpu_ms"), "lower"),
             F("client_scaling_ratio", "a floor's requests/s with twice the client processes vs with the "
               "bench's (near 1.0: the load generator is not what is measured)",
               ("client_scaling_target", "client_scaling_processes", "client_scaling_rps"), None),

@@ -80,7 +80,7 @@ def served_lines(results: Mapping[str, Any]) -> list[str]:
 
 
 #: The CPU table's columns: a figure of ``bench.floor_runs.infer_summary`` and its heading.
-ROLES = (("layer_cpu_ms", "layer (rank / actor)"), ("path_cpu_ms", "path (all but the layer)"),
+ROLES = (("processes_cpu_ms", "all its processes"), ("layer_cpu_ms", "layer (rank / actor)"), ("path_cpu_ms", "path (all but the layer)"),
          ("front_cpu_ms", "ingress replica / app"), ("proxy_cpu_ms", "proxy"), ("controllers_cpu_ms", "controllers"),
          ("ray_daemons_cpu_ms", "Ray's daemons"), ("others_cpu_ms", "other processes"))
 

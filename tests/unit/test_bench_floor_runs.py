@@ -14,10 +14,10 @@ from bench.cold_start import CONTROLLERS, FLOOR_ACTOR, FLOOR_APP, INGRESS, OTHER
 
 def infer_record(lone: float, rps16: float, rps64: float, machine16: float, roles16: dict[str, float]) -> dict:
     """A measured infer target, as ``measure_infer`` records one."""
-    window = {"machine_ms": machine16, "roles_ms": roles16}
+    window = {"machine_ms": machine16, "roles_ms": roles16, "processes_ms": sum(roles16.values())}
     return {"lone_p50_ms": lone, "lone_p99_ms": 2 * lone, "rps_16": rps16, "p50_ms_16": 10.0, "p99_ms_16": 20.0,
             "rps_64": rps64, "p50_ms_64": 30.0, "p99_ms_64": 60.0, "cpu_16": window,
-            "cpu_64": {"machine_ms": machine16 + 1, "roles_ms": roles16}}
+            "cpu_64": {"machine_ms": machine16 + 1, "roles_ms": roles16, "processes_ms": sum(roles16.values())}}
 
 
 def add_record(p50: float, rps: float) -> dict:
@@ -56,6 +56,7 @@ def test_the_ratios_compare_each_path_with_the_floors_mean_over_their_runs():
     assert out["infer_floor_plain_layer_cpu_ms"] == pytest.approx(100.0)
     assert out["infer_floor_plain_front_cpu_ms"] == pytest.approx(7.0)
     assert out["infer_floor_plain_cpu_ms_16"] == pytest.approx(115.0)
+    assert out["infer_floor_plain_processes_cpu_ms"] == pytest.approx(109.0)
     # the service's path: ingress 9 + proxy 1 + controllers 0.5 + daemons 1.5 + other 0
     assert out["infer_path_cpu_ms_haproxy"] == pytest.approx(12.0)
     assert out["infer_path_cpu_ratio_haproxy"] == pytest.approx(12.0 / 9.0)
