@@ -329,7 +329,7 @@ def call_cpu_lines(calls: Mapping[str, Any]) -> list[str]:
 
 def gpu_lines(name: str, gpu: Mapping[str, Any]) -> list[str]:
     machine = gpu.get("machine") or {}
-    parts = [str(machine["cuda"])] if "cuda" in machine else []
+    parts = [str(machine["cuda"])] if machine.get("cuda") else []
     parts += [f"{machine['cpus']} CPUs"] if "cpus" in machine else []
     parts += [f"torch {machine['torch']}"] if "torch" in machine else []
     where = f" on {', '.join(parts)}" if parts else ""

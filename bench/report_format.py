@@ -17,12 +17,14 @@ UNITS = (("_ms", "ms"), ("_s", "s"), ("_MBps", "MB/s"), ("_cores", "cores"), ("_
 #: Endings that name what a figure was measured on rather than its unit: a request path,
 #: a count of clients.
 QUALIFIERS = (re.compile(r"_(haproxy|serve_proxy)$"), re.compile(r"_\d+$"))
+#: A served figure over a floor's (``bench.floor_runs.figures``).
+AGAINST_FLOOR = re.compile(r"_vs_(plain|compiled)(_haproxy|_serve_proxy)?$")
 
 
 def unit_of(key: str) -> str:
     """A figure's unit, from its key's ending (a path or a client count after it left out):
     ``x`` for a ratio, also one named ``<figure>_vs_<floor>``."""
-    if "_vs_" in key:
+    if AGAINST_FLOOR.search(key):
         return "x"
     for qualifier in QUALIFIERS:
         key = qualifier.sub("", key)

@@ -1,7 +1,12 @@
-"""Benchmarks: every layer against its floor, as ratios measured side by side in one run.
+"""Benchmarks: every layer against its floor, as ratios measured in one run.
 
-    make bench                 # full run (< 10 minutes on 2 cores)
+    make bench                 # full run (about 12 minutes on 2 cores)
     python -m bench.run --quick
+
+The library's figures are timed side by side with their floors. The served path's are taken
+in whole runs, one target alone on the machine at a time (``bench.floor_runs``): the
+hand-written floors, the service on HAProxy, the floors again, the service on Serve's proxy,
+every requests/s figure from the load generator (``bench.load_generator``).
 
 Writes bench/results/latest.json (raw numbers and ratios) and bench/results/latest.png.
 """

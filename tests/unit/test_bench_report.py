@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench import report
 
 RESULTS = {
@@ -185,3 +187,20 @@ def test_a_gpu_run_shows_its_targets_and_the_floors_tables(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| `gpu_batched_rps_floor_ratio_serve_proxy`"))
     assert "| 1.67x |" in row and row.endswith("| >= 1.00x (met) |")
     assert "### Inference: the service against both floors" in text and "| `cold_start_s` | 50.0 s |" in text
+
+
+@pytest.mark.parametrize(
+    ("key", "unit"),
+    [
+        ("infer_batched_cpu_ms_16_haproxy", "ms"),  # a client count and a path after the unit
+        ("add_p50_floor_ratio_serve_proxy", "x"),
+        ("infer_lone_p50_ms_vs_compiled_haproxy", "x"),  # a served figure over a floor's
+        ("batched_vs_unbatched_max_rel_err", ""),
+        ("add_rps_32_haproxy", ""),
+        ("cold_start_s", "s"),
+    ],
+)
+def test_a_figures_unit_is_read_past_its_path_and_client_count(key, unit):
+    from bench.report_format import unit_of
+
+    assert unit_of(key) == unit
