@@ -401,6 +401,10 @@ def figures(floor_runs: list[dict[str, Any]], services: dict[str, dict[str, Any]
         if "batched" in service and "plain" in floors:
             out[f"infer_batched_cpu_ratio_{path}"] = (out[f"infer_batched_cpu_ms_{CPU_AT}_{path}"]
                                                       / floors["plain"][f"cpu_ms_{CPU_AT}"])
+    # a failed request counts in no figure: how many there were, over every window of every run
+    records = [r for run in [*floor_runs, *services.values()] for r in run.values() if isinstance(r, dict)]
+    out["served_errors"] = sum(v for r in records for k, v in r.items()
+                               if (k == "lone_errors" or k.startswith("errors_")) and isinstance(v, int))
     scaling = next((run["client_scaling"] for run in floor_runs if "client_scaling" in run), None)
     if scaling is not None:
         (low, high) = scaling["runs"]

@@ -12,7 +12,7 @@ from typing import Any
 from bench.report_format import number, show, table
 
 #: Keys of ``bench.floor_runs.figures``: the tables here describe them.
-PREFIXES = ("add_floor_", "add_lone_", "add_rps_", "add_p50_", "infer_", "client_scaling_", "gpu_")
+PREFIXES = ("add_floor_", "add_lone_", "add_rps_", "add_p50_", "infer_", "client_scaling_", "gpu_", "served_errors")
 #: Keys of the run's record that are no figure of their own.
 RECORDS = ("load_generator", "served_runs")
 PATHS = {"haproxy": "HAProxy (`make serve`)", "serve_proxy": "Serve's proxy (plain `serve run`)"}
@@ -25,9 +25,11 @@ def described(key: str) -> bool:
     return key.startswith(PREFIXES) or key in RECORDS
 
 
-def load_generator_lines(settings: Any) -> list[str]:
+def load_generator_lines(settings: Any, errors: Any = None) -> list[str]:
     if not isinstance(settings, Mapping):
         return []
+    failed = (f" Requests that failed, over every window of these runs: {errors} (a failed request counts in "
+              "no figure)." if isinstance(errors, int) else "")
     shape = show("", settings.get("infer_shape"))
     return ["", "The load generator (`bench/load_generator.py`): closed-loop clients over "
             f"{settings.get('processes')} client processes; a lone client for {number(settings.get('lone_s', 0))} s; "
@@ -36,7 +38,7 @@ def load_generator_lines(settings: Any) -> list[str]:
             f"target's idle CPU read for {number(settings.get('idle_s', 0))} s before its load. `add` at "
             f"{settings.get('add_concurrency')} clients; inference at "
             f"{' and '.join(str(c) for c in settings.get('infer_concurrency', []))} clients, one {shape} "
-            "FP32 binary body, its answer in binary."]
+            f"FP32 binary body, its answer in binary.{failed}"]
 
 
 def _targets(results: Mapping[str, Any]) -> list[tuple[str, str, str]]:
@@ -116,5 +118,6 @@ def scaling_lines(results: Mapping[str, Any]) -> list[str]:
 
 def floors_lines(results: Mapping[str, Any]) -> list[str]:
     """Every table of this module that the results have figures for."""
-    return [*load_generator_lines(results.get("load_generator")), *scaling_lines(results), *served_lines(results),
+    return [*load_generator_lines(results.get("load_generator"), results.get("served_errors")),
+            *scaling_lines(results), *served_lines(results),
             *cpu_lines(results)]

@@ -20,8 +20,8 @@ def infer_record(lone: float, rps16: float, rps64: float, machine16: float, role
             "cpu_64": {"machine_ms": machine16 + 1, "roles_ms": roles16, "processes_ms": sum(roles16.values())}}
 
 
-def add_record(p50: float, rps: float) -> dict:
-    return {"lone_p50_ms": p50, "lone_p99_ms": 3 * p50, "rps_32": rps}
+def add_record(p50: float, rps: float, errors: int = 0) -> dict:
+    return {"lone_p50_ms": p50, "lone_p99_ms": 3 * p50, "rps_32": rps, "lone_errors": 0, "errors_32": errors}
 
 
 FLOOR_ROLES = {FLOOR_APP: 6.0, FLOOR_ACTOR: 100.0, RAY_DAEMONS: 2.0}
@@ -69,8 +69,16 @@ def test_the_ratios_compare_each_path_with_the_floors_mean_over_their_runs():
     assert out["infer_lone_p50_ms_vs_compiled_haproxy"] == pytest.approx(140.0 / 100.0)
     assert out["infer_batched_rps_64_vs_compiled_haproxy"] == pytest.approx(20.0 / 12.0)
     assert out["infer_batched_cpu_ms_16_vs_plain_haproxy"] == pytest.approx(60.0 / 115.0)
+    assert out["served_errors"] == 0
     assert out["client_scaling_rps"] == [100.0, 98.0] and out["client_scaling_processes"] == [2, 4]
     assert out["client_scaling_ratio"] == 0.98 and "`add` floor at 32" in out["client_scaling_target"]
+
+
+def test_failed_requests_of_every_window_are_counted():
+    floors, services = runs()
+    services["serve_proxy"]["add"] = add_record(16.5, 55.0, errors=3)
+    floors[1]["infer_plain"] = {**floors[1]["infer_plain"], "lone_errors": 1, "errors_64": 2}
+    assert floor_runs.figures(floors, services)["served_errors"] == 6
 
 
 def test_without_the_add_floor_the_inference_figures_stand_alone():
