@@ -8,6 +8,11 @@ wall time, and the kinds say where the CPU goes (Ray's own processes, Serve's, t
 controller replicas, the group workers). ``make bench`` takes the same measure of the
 shipped config's start (:func:`measured_start`) and of its floor's script
 (:func:`measured_run`), and reports it by kind (:func:`cpu_figures`).
+
+The same reading of a session's processes (:func:`command_lines`) serves the CPU per
+request of a target under load (``bench.request_cpu``), where a process is told by its
+role on a request's path instead (:func:`role_of`: proxy, ingress replica, controllers,
+the layer's ranks, Ray's daemons, a floor's app and actor, the load generator).
 """
 
 from __future__ import annotations
