@@ -22,10 +22,12 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -147,14 +149,22 @@ def client_scaling(load: Load) -> dict[str, Any]:
 
 @dataclass
 class App:
-    """A floor app in a session of its own (its Ray cluster with it)."""
+    """A floor app in a session of its own (its Ray cluster with it), its output in a file."""
 
     proc: subprocess.Popen
     url: str
+    log: Path
 
     @property
     def session(self) -> int:
         return self.proc.pid
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    """The last lines of a log, which is removed."""
+    text = "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    path.unlink(missing_ok=True)
+    return text
 
 
 def start_app(module: str, *args: str, timeout_s: float = 300) -> App:
@@ -162,23 +172,25 @@ def start_app(module: str, *args: str, timeout_s: float = 300) -> App:
     from single_controller.rendezvous import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *args], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            env={**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")})
+    log = Path(tempfile.mkstemp(prefix="floor-app-", suffix=".log")[1])
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *args], cwd=ROOT,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
-                return App(proc, url)
+                return App(proc, url, log)
         except httpx.TransportError:
             pass
         if proc.poll() is not None:
             stop_session(proc)
-            raise RuntimeError(f"{module} exited with {proc.returncode}")
+            raise RuntimeError(f"{module} exited with {proc.returncode}:\n{tail(log)}")
         time.sleep(0.5)
     stop_session(proc)
-    raise RuntimeError(f"{module} did not answer within {timeout_s:g} s")
+    raise RuntimeError(f"{module} did not answer within {timeout_s:g} s:\n{tail(log)}")
 
 
 def session_pids(session: int) -> list[int]:
@@ -218,6 +230,7 @@ def running_app(module: str, *args: str) -> Iterator[App]:
         yield app
     finally:
         stop_session(app.proc)
+        app.log.unlink(missing_ok=True)
 
 
 #: The floors of a floor run, by name: the module and its arguments.

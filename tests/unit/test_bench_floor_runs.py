@@ -147,3 +147,8 @@ def test_the_floors_layer_is_a_llama_mlp():
     y = layer.forward(x)
     assert y.shape == (3, 2, 8) and y.dtype == np.float32
     assert np.allclose(y, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_a_floor_app_that_cannot_start_says_why():
+    with pytest.raises(RuntimeError, match="exited with 2:(.|\n)*invalid choice: 'nonsense'"):
+        floor_runs.start_app("bench.infer_floor_app", "--mode", "nonsense")
