@@ -141,7 +141,7 @@ def client_scaling(load: Load) -> dict[str, Any]:
         result = run_load(replace(load, processes=processes))
         rows.append({"processes": processes, "rps": result.rps, "p50_ms": result.p50_ms,
                      "client_cpu_ms_per_request": result.client_cpu_total_s / max(result.requests, 1) * 1e3})
-    return {"concurrency": load.concurrency, "runs": rows, "ratio": rows[1]["rps"] / rows[0]["rps"]}
+    return {"concurrency": load.concurrency, "runs": rows, "ratio": ratio(rows[1]["rps"], rows[0]["rps"])}
 
 
 # -- the floors ------------------------------------------------------------------------------
@@ -338,8 +338,17 @@ def path_ms(measured: dict[str, Any], concurrency: int, excluded: str) -> float:
     return sum(ms for role, ms in by_role.items() if role != excluded)
 
 
-def mean(values: list[float]) -> float:
-    return sum(values) / len(values)
+def mean(values: list[float | None]) -> float | None:
+    """The mean, or None where a run has no figure (no request answered in its window)."""
+    return None if any(v is None for v in values) else sum(values) / len(values)
+
+
+def ratio(served: float | None, floor: float | None) -> float | None:
+    """``served / floor``; None where either is missing or the floor's is not above zero (a
+    CPU figure read below zero, say), which no ratio would mean."""
+    if served is None or floor is None or floor <= 0:
+        return None
+    return served / floor
 
 
 #: The CPU targets' concurrency.
@@ -371,7 +380,7 @@ def infer_summary(measured: dict[str, Any], ranks_role: str) -> dict[str, float]
 
 def averaged(runs: list[dict[str, float]]) -> dict[str, float]:
     """Each figure's mean over a floor's runs."""
-    return {key: mean([run[key] for run in runs]) for key in runs[0] if all(run.get(key) is not None for run in runs)}
+    return {key: mean([run.get(key) for run in runs]) for key in runs[0]}
 
 
 def figures(floor_runs: list[dict[str, Any]], services: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -396,8 +405,9 @@ def figures(floor_runs: list[dict[str, Any]], services: dict[str, dict[str, Any]
             out[f"add_lone_p50_ms_{path}"] = add["lone_p50_ms"]
             out[f"add_lone_p99_ms_{path}"] = add["lone_p99_ms"]
             out[f"add_rps_{ADD_CONCURRENCY}_{path}"] = add[f"rps_{ADD_CONCURRENCY}"]
-            out[f"add_p50_floor_ratio_{path}"] = add["lone_p50_ms"] / out["add_floor_lone_p50_ms"]
-            out[f"add_rps_floor_ratio_{path}"] = add[f"rps_{ADD_CONCURRENCY}"] / out[f"add_floor_rps_{ADD_CONCURRENCY}"]
+            out[f"add_p50_floor_ratio_{path}"] = ratio(add["lone_p50_ms"], out["add_floor_lone_p50_ms"])
+            out[f"add_rps_floor_ratio_{path}"] = ratio(add[f"rps_{ADD_CONCURRENCY}"],
+                                                       out[f"add_floor_rps_{ADD_CONCURRENCY}"])
         for kind in SERVED_MODELS:
             if kind not in service:
                 continue
@@ -406,14 +416,14 @@ def figures(floor_runs: list[dict[str, Any]], services: dict[str, dict[str, Any]
             out.update({f"{prefix}_{key}_{path}": value for key, value in summary.items()})
             for name, floor in floors.items():
                 for key in ("lone_p50_ms", *(f"rps_{c}" for c in INFER_CONCURRENCY), f"cpu_ms_{CPU_AT}"):
-                    out[f"{prefix}_{key}_vs_{name}_{path}"] = summary[key] / floor[key]
+                    out[f"{prefix}_{key}_vs_{name}_{path}"] = ratio(summary[key], floor.get(key))
         if "unbatched" in service and "plain" in floors:
             plain = floors["plain"]
-            out[f"infer_path_cpu_ratio_{path}"] = out[f"infer_path_cpu_ms_{path}"] / plain["path_cpu_ms"]
-            out[f"infer_rank_cpu_ratio_{path}"] = out[f"infer_layer_cpu_ms_{path}"] / plain["layer_cpu_ms"]
+            out[f"infer_path_cpu_ratio_{path}"] = ratio(out[f"infer_path_cpu_ms_{path}"], plain["path_cpu_ms"])
+            out[f"infer_rank_cpu_ratio_{path}"] = ratio(out[f"infer_layer_cpu_ms_{path}"], plain["layer_cpu_ms"])
         if "batched" in service and "plain" in floors:
-            out[f"infer_batched_cpu_ratio_{path}"] = (out[f"infer_batched_cpu_ms_{CPU_AT}_{path}"]
-                                                      / floors["plain"][f"cpu_ms_{CPU_AT}"])
+            out[f"infer_batched_cpu_ratio_{path}"] = ratio(out[f"infer_batched_cpu_ms_{CPU_AT}_{path}"],
+                                                           floors["plain"][f"cpu_ms_{CPU_AT}"])
     # a failed request counts in no figure: how many there were, over every window of every run
     records = [r for run in [*floor_runs, *services.values()] for r in run.values() if isinstance(r, dict)]
     out["served_errors"] = sum(v for r in records for k, v in r.items()

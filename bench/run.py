@@ -102,13 +102,26 @@ def raw_numbers(key: str, results: dict[str, Any]) -> str:
         return ""
 
 
+def targets_of(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each targeted figure of the run: its label, target, value, whether it is met, and the
+    figures it comes from. A figure of None (a window without an answer, a floor whose CPU
+    read at zero or below) has no value and misses its target."""
+    out = {}
+    for key, (label, target, kind) in TARGETS.items():
+        if key in results:
+            value = results[key]
+            met = value is not None and (value <= target if kind == "max" else value >= target)
+            out[key] = {"label": label, "target": target, "value": value, "met": met, "raw": raw_numbers(key, results)}
+    return out
+
+
 def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [k for k in TARGETS if k in results and "_ratio" in k]  # ratios only: one axis
+    keys = [k for k in TARGETS if results.get(k) is not None and "_ratio" in k]  # ratios only: one axis
     fig, ax = plt.subplots(figsize=(12, 6))
     values = [results[k] for k in keys]
     colors = [
@@ -157,17 +170,15 @@ def main(argv: list[str] | None = None) -> int:
         part("http", lambda: bench_http(options.quick, results))
     results["bench_seconds"] = time.perf_counter() - started
     results["bench_part_seconds"] = parts
-    for key, (label, target, kind) in TARGETS.items():
-        if key in results:
-            met = results[key] <= target if kind == "max" else results[key] >= target
-            results.setdefault("targets", {})[key] = {
-                "label": label, "target": target, "value": results[key], "met": met, "raw": raw_numbers(key, results),
-            }
+    targets = targets_of(results)
+    if targets:
+        results["targets"] = targets
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=2))
     plot(results, RESULTS / "latest.png")
     write_benchmarks_page(results, ROOT / "docs" / "benchmarks.md")  # the page is generated, not edited
     for key, entry in results.get("targets", {}).items():
-        print(f"{entry['label']:50s} {entry['value']:8.3f}  target {'<=' if TARGETS[key][2] == 'max' else '>='} "
+        value = "n/a" if entry["value"] is None else f"{entry['value']:8.3f}"
+        print(f"{entry['label']:50s} {value:>8s}  target {'<=' if TARGETS[key][2] == 'max' else '>='} "
               f"{entry['target']}  {'met' if entry['met'] else 'MISSED'}  ({entry['raw']})")
     print(json.dumps({k: v for k, v in results.items() if k not in ("targets", "served_runs")}, indent=1))
     return 0

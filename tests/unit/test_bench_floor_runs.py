@@ -152,3 +152,16 @@ def test_the_floors_layer_is_a_llama_mlp():
 def test_a_floor_app_that_cannot_start_says_why():
     with pytest.raises(RuntimeError, match="exited with 2:(.|\n)*invalid choice: 'nonsense'"):
         floor_runs.start_app("bench.infer_floor_app", "--mode", "nonsense")
+
+
+def test_no_ratio_to_a_floor_figure_at_or_below_zero():
+    assert floor_runs.ratio(12.0, 8.0) == 1.5
+    assert floor_runs.ratio(12.0, 0.0) is None and floor_runs.ratio(12.0, -3.0) is None
+    assert floor_runs.ratio(None, 8.0) is None
+    floors, services = runs()
+    # the plain floor's path read below zero (its idle rate over its load): no path ratio
+    for run in floors:
+        run["infer_plain"] = infer_record(120.0, 8.0, 8.0, 110.0, {FLOOR_APP: -6.0, FLOOR_ACTOR: 100.0})
+    out = floor_runs.figures(floors, services)
+    assert out["infer_path_cpu_ratio_haproxy"] is None
+    assert out["infer_rank_cpu_ratio_haproxy"] == pytest.approx(1.1)

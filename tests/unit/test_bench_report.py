@@ -130,16 +130,12 @@ def served_results() -> dict:
     """A run's figures of the served path against its floors (bench.floor_runs.figures of
     the records tests/unit/test_bench_floor_runs.py builds), with the targets bench.run sets."""
     from bench.floor_runs import Settings, figures
-    from bench.run import TARGETS, raw_numbers
+    from bench.run import targets_of
     from tests.unit.test_bench_floor_runs import runs
 
     results = {"machine": "2 cores, x86_64", "when": "now", **figures(*runs()),
                "load_generator": Settings(2, 5.0, 8.0, 2.0, 3.0).figures()}
-    results["targets"] = {
-        key: {"label": label, "target": goal, "value": results[key], "raw": raw_numbers(key, results),
-              "met": results[key] <= goal if kind == "max" else results[key] >= goal}
-        for key, (label, goal, kind) in TARGETS.items() if key in results
-    }
+    results["targets"] = targets_of(results)
     return results
 
 
@@ -204,3 +200,17 @@ def test_a_figures_unit_is_read_past_its_path_and_client_count(key, unit):
     from bench.report_format import unit_of
 
     assert unit_of(key) == unit
+
+
+def test_a_figure_without_a_value_misses_its_target_and_shows_no_number(tmp_path):
+    from bench.run import targets_of
+
+    results = {"machine": "2 cores", "when": "now", "infer_path_cpu_ratio_haproxy": None,
+               "infer_path_cpu_ms_haproxy": 12.0, "infer_floor_plain_path_cpu_ms": -1.0, "one_to_all_ratio": 1.0}
+    targets = targets_of(results)
+    assert targets["infer_path_cpu_ratio_haproxy"]["met"] is False
+    assert targets["infer_path_cpu_ratio_haproxy"]["value"] is None and targets["infer_path_cpu_ratio_haproxy"]["raw"] == ""
+    assert targets["one_to_all_ratio"]["met"] is True
+    text = report.write_benchmarks_page({**results, "targets": targets}, tmp_path / "b.md", results_dir=None).read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `infer_path_cpu_ratio_haproxy`"))
+    assert "| n/a |" in row and row.endswith("| <= 1.00x (**missed**) |")
