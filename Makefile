@@ -83,8 +83,8 @@ serve-fresh: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
 
-# On a GPU node: the layer's forward TFLOP/s against the card's peak, and the batched
-# infer path served on the GPU (bench/results/gpu.json).
+# On a GPU node: the layer's forward TFLOP/s against the card's peak, and the infer path
+# served on the GPU against hand-written floors, each run alone (bench/results/gpu.json).
 bench-gpu: $(STAMP)
 	$(PY) -m bench.gpu layer infer $(BENCH_ARGS)
 
