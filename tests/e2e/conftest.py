@@ -254,14 +254,16 @@ APPLICATIONS = ("small_service", "second_service")
 
 
 def _module_rank(fixtures: set[str]) -> int:
-    """Modules on the small application first, then on the second, then the rest."""
-    return next((rank for rank, name in enumerate(APPLICATIONS) if name in fixtures), len(APPLICATIONS))
+    """Modules on the shipped service alone first (some read its groups as a fresh start
+    leaves them), then those on the small application, then those on the second."""
+    return next((rank + 1 for rank, name in enumerate(APPLICATIONS) if name in fixtures), 0)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by a marker
 def pytest_collection_modifyitems(items):
-    # Every module passes alone and in any order; this order only keeps one extra
-    # application at a time in the session's cluster (each is deleted after its last user).
+    # Every module passes alone and in any order; this order keeps one extra application at
+    # a time in the session's cluster (each is deleted after its last user), and the
+    # shipped service's groups as a fresh start leaves them for the modules that run first.
     fixtures_of_module: dict[str, set[str]] = {}
     for item in items:
         fixtures_of_module.setdefault(item.nodeid.split("::", 1)[0], set()).update(item.fixturenames)
