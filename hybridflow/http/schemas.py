@@ -15,8 +15,9 @@ class TensorJSON(BaseModel):
     data: list[Any] = Field(..., examples=[[1.0]])
 
 
-class CallRequest(BaseModel):
-    """Positional and keyword arguments of a worker-group method call. A value may be a
+class CallBody(BaseModel):
+    """The JSON body of a call (the controller's message is ``control.contract.CallRequest``):
+    positional and keyword arguments of a worker-group method call. A value may be a
     JSON value, a tensor object (``{"datatype", "shape", "data"}``), or lists of them."""
 
     model_config = ConfigDict(extra="forbid")
@@ -46,7 +47,9 @@ class MethodDescription(BaseModel):
     read_only: bool = Field(..., description="changes no state: not journaled")
 
 
-class GroupSummary(BaseModel):
+class GroupBody(BaseModel):
+    """A group as the API answers it (the controller's message is ``control.contract.GroupSummary``)."""
+
     model_config = ConfigDict(extra="allow")
 
     name: str
@@ -88,7 +91,7 @@ class MeshDescription(BaseModel):
     collect_ranks: list[int] = Field(..., description="the rank whose output is collected, for each dp rank in order")
 
 
-class GroupDetail(GroupSummary):
+class GroupDetail(GroupBody):
     ranks: list[RankDetail] = Field(default_factory=list)
     meshes: dict[str, MeshDescription] | None = Field(
         None, description="the named meshes the group's workers declared (null when they declared none)"
@@ -96,7 +99,7 @@ class GroupDetail(GroupSummary):
 
 
 class GroupList(BaseModel):
-    groups: list[GroupSummary]
+    groups: list[GroupBody]
 
 
 class ErrorResponse(BaseModel):
@@ -129,7 +132,7 @@ CALL_BODY_DOC = {
     "requestBody": {
         "required": False,
         "content": {
-            "application/json": {"schema": CallRequest.model_json_schema()},
+            "application/json": {"schema": CallBody.model_json_schema()},
             "application/x-safetensors": {
                 "schema": {"type": "string", "format": "binary"},
                 "description": "keyword tensors by name; list items as name.0, name.1, ...",
