@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork
 
 from hybridflow.config.service import LOOPBACK
-from hybridflow.wire.limits import WireLimits
+from hybridflow_client.wire.limits import WireLimits
 
 
 class ModelRoute(BaseModel):
