@@ -1,8 +1,9 @@
 """The client's values of what the decoders checked: tensors as numpy arrays, or as torch
 tensors where torch is installed (BF16 without torch: float32 arrays of exactly the same
 values); DataProtos of the class the call sent, verl's or the library's where one is
-imported, else :class:`~hybridflow_client.wire.dataproto.WireDataProto`; TensorDicts
-(torch and tensordict needed) with torch tensors whatever the client hands back elsewhere."""
+imported (with torch tensors, as theirs hold), else
+:class:`~hybridflow_client.wire.dataproto.WireDataProto`; TensorDicts (torch and tensordict
+needed) with torch tensors whatever the client hands back elsewhere."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from hybridflow_client.wire import tensors
-from hybridflow_client.wire.dataproto import dataproto_class
+from hybridflow_client.wire.dataproto import WireDataProto, dataproto_class
 from hybridflow_client.wire.datatypes import WireTensor
 from hybridflow_client.wire.errors import WireError
 from hybridflow_client.wire.parts import JaggedParts, TensorDictParts
@@ -38,8 +39,10 @@ class ClientBuilder:
 
     def dataproto(self, tensors: dict[str, Any], non_tensors: dict[str, np.ndarray], meta_info: dict[str, Any],
                   where: str) -> Any:
-        return dataproto_class(self.dataproto_type).from_dict(
-            tensors={name: self.tensor(tensor) for name, tensor in tensors.items()} or None,
+        cls = dataproto_class(self.dataproto_type)
+        tensor = self.tensor if cls is WireDataProto else _torch_of  # verl's batch holds torch tensors
+        return cls.from_dict(
+            tensors={name: tensor(value) for name, value in tensors.items()} or None,
             non_tensors=non_tensors,
             meta_info=meta_info,
         )

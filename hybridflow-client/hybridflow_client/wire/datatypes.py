@@ -90,7 +90,9 @@ def check_shape(shape: Any, label: str = "tensor", limits: WireLimits = DEFAULT_
 
 def widen_bf16(words: np.ndarray) -> np.ndarray:
     """The float32 values of BF16 words (exact: each word is its float32's upper half)."""
-    return (words.astype(np.uint32) << 16).view(np.float32)
+    wide = np.asarray(words).astype(np.uint32)
+    wide <<= 16  # in place: a 0-d array stays an array
+    return wide.view(np.float32)
 
 
 def bf16_words(values: np.ndarray) -> np.ndarray:
