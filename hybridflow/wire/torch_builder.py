@@ -1,7 +1,7 @@
 """The server's values of what the shared codecs (:mod:`hybridflow_client.wire`) decode:
 torch tensors sharing the decoded arrays' memory (views of a request's body where its
 bytes lie aligned, so a large body is held once), and the library's batch types: its
-``DataProto``, and ``TensorDict``\\ s whose jagged tensors are views of their values
+``DataProto``, and TensorDicts whose jagged tensors are views of their values
 (``single_controller.jagged``, offsets checked already) and whose object columns are one
 list (``single_controller.object_column``), so a batch costs in proportion to its bytes."""
 
