@@ -93,6 +93,7 @@ def test_bf16_words_are_the_words_torch_makes():
         rng.standard_normal(4000) * 10.0 ** rng.integers(-40, 39, 4000),  # every exponent, subnormals too
         np.float32(rng.standard_normal(1000)).view(np.uint32).astype(np.float64),  # wide magnitudes
         [0.0, -0.0, 1 + 2**-8, 1 + 3 * 2**-8, 3.3895313892515355e38, 3.39e38, 1e-45, np.nan, np.inf, -np.inf],
+        [1 + 2**-8 + 2**-40],  # past the tie in float64, on it in float32: torch rounds through float32 (1.0)
     ])
     torch_words = TORCH.from_numpy(values).to(TORCH.bfloat16).view(TORCH.int16).numpy().view(np.uint16)
     words, nan = bf16_words(values), np.isnan(values)
