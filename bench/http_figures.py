@@ -74,7 +74,7 @@ def cold_start(config: Path, ready_path: str) -> tuple[Measured, ServeProcess]:
 
 
 def safetensors_body(name: str, t: torch.Tensor) -> bytes:
-    from hybridflow.wire.safetensors_call import encode_safetensors
+    from hybridflow_client.wire.safetensors_body import encode_safetensors
 
     return encode_safetensors({name: t})
 

@@ -32,8 +32,6 @@ from typing import Any
 import httpx
 import numpy as np
 
-from hybridflow_client import tensors
-from hybridflow_client.json_codec import encode_json_value
 from hybridflow_client.progress import ProgressLine, wait_with_progress
 from hybridflow_client.python_client import (
     DEFAULT_TIMEOUT_S,
@@ -41,6 +39,10 @@ from hybridflow_client.python_client import (
     ServiceError,
     SingleControllerClient,
 )
+from hybridflow_client.wire import tensors
+from hybridflow_client.wire.datatypes import DATATYPES
+from hybridflow_client.wire.json_values import encode_json_value
+from hybridflow_client.wire.limits import CLIENT_LIMITS
 
 __all__ = ["COMMANDS", "UsageError", "build_parser", "main", "wait_with_progress"]
 
@@ -153,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--random", action="store_true", help="uniform random input in [0, 1) (default: ones)")
     infer.add_argument("--seed", type=int, default=0, help="seed for --random (numpy's generator)")
     infer.add_argument(
-        "--datatype", choices=sorted(tensors.DATATYPES), help="input datatype (default: the model's, or FP32)"
+        "--datatype", choices=sorted(DATATYPES), help="input datatype (default: the model's, or FP32)"
     )
     infer.add_argument("--input", dest="input_name", help="input name (default: the model's first input)")
     infer.add_argument("--output", dest="output_name", help="output to ask for (default: all)")
@@ -163,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _print_output(output: Any, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(encode_json_value(output), indent=2))
+        print(json.dumps(encode_json_value(output, CLIENT_LIMITS), indent=2))
     elif tensors.is_tensor(output):
         print(output)
     else:
@@ -252,8 +254,8 @@ def make_input(datatype: str, shape: list[int], random: bool = False, seed: int 
     """An input of ``datatype`` and ``shape``: ones, or uniform random values ([0, 1) for
     floats, 0..99 for integers, 0/1 for BOOL). BF16 needs torch (a torch tensor is made)."""
     generator = np.random.default_rng(seed)
-    if datatype not in tensors.DATATYPES:
-        raise UsageError(f"unknown datatype {datatype!r}; use one of {', '.join(tensors.DATATYPES)}")
+    if datatype not in DATATYPES:
+        raise UsageError(f"unknown datatype {datatype!r}; use one of {', '.join(DATATYPES)}")
     floating = datatype.startswith(("FP", "BF"))
     if random and floating:
         values = generator.random(shape, dtype=np.float32)
@@ -262,10 +264,11 @@ def make_input(datatype: str, shape: list[int], random: bool = False, seed: int 
     else:
         values = np.ones(shape)
     if datatype != "BF16":
-        return values.astype(tensors.DATATYPES[datatype])
-    if not tensors.torch_available():
+        return values.astype(DATATYPES[datatype])
+    torch = tensors.installed_torch()
+    if torch is None:
         raise UsageError("a BF16 input needs torch: pip install 'hybridflow-client[torch]', or pass --datatype FP32")
-    return tensors.torch.from_numpy(values.astype(np.float32)).to(tensors.torch.bfloat16)
+    return torch.from_numpy(values.astype(np.float32)).to(torch.bfloat16)
 
 
 def _cmd_infer(client: SingleControllerClient, args: argparse.Namespace) -> int:

@@ -12,9 +12,9 @@ from pydantic import Field, IPvAnyNetwork, field_validator, model_validator
 
 from hybridflow.config.groups import DeploymentConfig, GroupConfig, ModelConfig, _Strict
 from hybridflow.config.state import StateConfig
-from hybridflow.wire.limits import DEFAULT_LIMITS as WIRE_DEFAULTS
-from hybridflow.wire.limits import MAX_DEPTH as WIRE_MAX_DEPTH
-from hybridflow.wire.limits import WireLimits
+from hybridflow_client.wire.limits import DEFAULT_LIMITS as WIRE_DEFAULTS
+from hybridflow_client.wire.limits import MAX_DEPTH as WIRE_MAX_DEPTH
+from hybridflow_client.wire.limits import WireLimits
 
 #: Trusted proxies by default: only this host's own (a proxy beside the service).
 LOOPBACK = ("127.0.0.1/32", "::1/128")

@@ -21,7 +21,7 @@ from hybridflow.control import metrics, model_statistics
 from hybridflow.control.batching import Batcher, Ran, run_alone
 from hybridflow.control.contract import CallRequest, ControllerError, ErrorKind, InferResult
 from hybridflow.control.supervisor import READY, as_asyncio
-from hybridflow.wire.dtypes import datatype_of
+from hybridflow_client.wire.tensors import datatype_of_torch as datatype_of
 
 
 class ModelServer:

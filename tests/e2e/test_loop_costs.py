@@ -17,7 +17,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from hybridflow_client.safetensors_codec import decode_output_body, encode_call_body
+from hybridflow_client.wire.safetensors_call import decode_output_body, encode_call_body
 from single_controller import tensordict_utils as tu
 from tests.e2e.conftest import SMALL_LIMITS
 from tests.e2e.jobs import wait_for_job

@@ -20,7 +20,7 @@ from hybridflow.control.builder import PoolSet, units
 from hybridflow.control.contract import CallRequest, ErrorKind
 from hybridflow.control.controller import GroupController
 from hybridflow.control.placement import GpuBudget, plan_deployment
-from hybridflow.wire.limits import MAX_DEPTH
+from hybridflow_client.wire.limits import MAX_DEPTH
 
 COUNTER = "tests.ray.fault_workers:Counter"
 EVERY = 5

@@ -25,7 +25,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 from hybridflow.control.batching import OFF_LOOP_BYTES, Batcher
 from hybridflow.http.body import JSON
 from hybridflow.http.call_body import parse_call_body
-from hybridflow.wire.json_tensors import encode_json_value
+from hybridflow_client.wire.json_values import encode_json_value
 from single_controller import tensordict_utils as tu
 from single_controller.batch import chunk_batch, concat_batches, pad_batch, unpad_batch
 from single_controller.jagged import concat_jagged, jagged_parts, select_jagged, slice_jagged, split_jagged

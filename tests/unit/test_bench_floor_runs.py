@@ -129,7 +129,7 @@ def test_the_inference_floor_reads_the_binary_body_by_hand_and_answers_in_binary
     with pytest.raises(BadRequest, match="bytes must follow"):
         parse_binary_request(body[:-4], headers["Inference-Header-Content-Length"])
     answer, size = binary_response(parsed)
-    from hybridflow.wire.oip_messages import parse_infer_response
+    from hybridflow_client.wire.oip_messages import parse_infer_response
 
     response, outputs = parse_infer_response(answer, size)
     assert response["model_name"] == "mlp" and torch.equal(outputs["y"], x)

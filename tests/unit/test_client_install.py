@@ -2,10 +2,12 @@
 the server (Ray, FastAPI, megatron-core, the service namespace, the library), its
 dependencies are httpx, numpy and safetensors (torch optional), and it has a console
 command for the CLI, and it installs alone into a fresh virtual environment. The
-service's distribution installs the server."""
+service's distribution installs the server, and depends on the client's for the wire
+formats."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -73,6 +75,14 @@ def test_make_and_docker_install_the_server_and_the_tests_the_client():
         server["project"]["dependencies"])
     packages = set(server["tool"]["setuptools"]["packages"]["find"]["include"])
     assert {"single_controller*", "hybridflow*"} <= packages and not any("client" in p for p in packages)
+
+
+def test_the_service_depends_on_the_client_at_its_version():
+    """The wire formats are the client distribution's: the service needs it, at the version
+    the client's version.py states (a bump of one is a bump of the pin)."""
+    server = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    version = re.search(r'__version__ = "([^"]+)"', (CLIENT / "hybridflow_client" / "version.py").read_text())[1]
+    assert f"hybridflow-client=={version}" in server["dependencies"]
 
 
 #: Distributions of the server's stack: none may come with the client.

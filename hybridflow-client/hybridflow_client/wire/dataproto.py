@@ -13,27 +13,37 @@ One JSON document describes a DataProto apart from its tensors::
 In safetensors the document is the string metadata under the DataProto's path (an
 argument name, or ``output``...) and its tensors are named ``<path>@<key>``; in a JSON
 body a DataProto is ``{"__dataproto__": {<the document>, "batch": {key: tensor object}}}``.
-Every count and shape is checked before anything is built. Building a DataProto needs
-the ``single_controller`` library (tensordict); the rest of ``wire`` does not.
+Every count and shape is checked before anything is built; the side that decodes builds
+its own DataProto of the parts (a :class:`~hybridflow_client.wire.parts.Builder`).
+
+A DataProto is recognised by its class's name and parts, so verl's, the service library's
+and :class:`WireDataProto` (for a client without either) all travel.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
-from hybridflow.wire.errors import WireError
-from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
+from hybridflow_client.wire.datatypes import WireTensor
+from hybridflow_client.wire.errors import WireError
+from hybridflow_client.wire.limits import DEFAULT_LIMITS, WireLimits
+from hybridflow_client.wire.parts import Builder
+from hybridflow_client.wire.tensors import is_tensor
 
 __all__ = [
+    "DATAPROTO_MODULES",
     "JSON_MARKER",
     "MEMBER",
+    "WireDataProto",
     "build_dataproto",
+    "dataproto_class",
     "dataproto_document",
     "is_dataproto",
     "json_items",
@@ -44,6 +54,8 @@ __all__ = [
 JSON_MARKER = "__dataproto__"
 #: Between a DataProto's path and a tensor's key in safetensors names.
 MEMBER = "@"
+#: Modules whose ``DataProto`` a client builds answers with, when one of them is imported.
+DATAPROTO_MODULES = ("verl.protocol", "single_controller.protocol")
 _DOCUMENT_KEYS = frozenset({"rows", "batch", "non_tensor_batch", "meta_info"})
 #: numpy dtypes a non-tensor array may have (object arrays hold JSON values).
 _ARRAY_KINDS = "biufUO"
@@ -52,10 +64,61 @@ _ARRAY_KINDS = "biufUO"
 _NUMERIC_DTYPE = re.compile(r"[<>|=]?(?:b1|[iu][1248]|f(?:2|4|8|16))")
 
 
+@dataclass
+class WireDataProto:
+    """A DataProto's three parts, for a client without verl: ``batch`` maps names to
+    tensors (same rows), ``non_tensor_batch`` names to numpy arrays (one item per row),
+    ``meta_info`` is a JSON-able dict. Sent as a DataProto, and answers come back as one
+    when no DataProto class is at hand."""
+
+    batch: dict[str, Any] = field(default_factory=dict)
+    non_tensor_batch: dict[str, np.ndarray] = field(default_factory=dict)
+    meta_info: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(
+        cls,
+        tensors: Mapping[str, Any] | None = None,
+        non_tensors: Mapping[str, Any] | None = None,
+        meta_info: Mapping[str, Any] | None = None,
+    ) -> WireDataProto:
+        """verl's constructor: non-tensor lists become ``dtype=object`` arrays."""
+        arrays = {}
+        for key, value in (non_tensors or {}).items():
+            if isinstance(value, np.ndarray):
+                arrays[key] = value
+            else:
+                arrays[key] = np.empty(len(value), dtype=object)
+                arrays[key][:] = list(value)
+        return cls(dict(tensors or {}), arrays, dict(meta_info or {}))
+
+    def __len__(self) -> int:
+        for value in (*self.batch.values(), *self.non_tensor_batch.values()):
+            return int(value.shape[0])
+        return 0
+
+
 def is_dataproto(value: Any) -> bool:
-    """True for a verl DataProto (looked up without importing the library)."""
-    cls = type(value)
-    return cls.__name__ == "DataProto" and cls.__module__.startswith("single_controller.protocol")
+    """True for a DataProto: a :class:`WireDataProto`, or an object whose class is named
+    ``DataProto`` and has ``batch``, ``non_tensor_batch`` and ``meta_info``."""
+    if isinstance(value, WireDataProto):
+        return True
+    return type(value).__name__ == "DataProto" and all(
+        hasattr(value, part) for part in ("batch", "non_tensor_batch", "meta_info")
+    )
+
+
+def dataproto_class(like: type | None = None) -> type:
+    """The class a client builds a DataProto answer with: ``like`` (a DataProto argument's
+    class), else the ``DataProto`` of an imported module of :data:`DATAPROTO_MODULES`, else
+    :class:`WireDataProto`."""
+    if like is not None:
+        return like
+    for name in DATAPROTO_MODULES:
+        found = getattr(sys.modules.get(name), "DataProto", None)
+        if isinstance(found, type):
+            return found
+    return WireDataProto
 
 
 # -- JSON values inside non-tensor arrays and meta_info ----------------------------------
@@ -105,12 +168,17 @@ _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def json_items(items: list[Any], where: str, limits: WireLimits = DEFAULT_LIMITS) -> list[Any]:
-    """:func:`plain_json` of a list of parsed JSON values, one per row, at the cost of a
-    type check per scalar: only lists and objects are walked (and copied)."""
-    return [item if type(item) in _SCALARS else _plain(item, f"{where}[{i}]", 1, limits) for i, item in enumerate(items)]
+    """:func:`plain_json` of a list of values, one per row, at the cost of a type check
+    per scalar: only lists, objects and what is no JSON scalar are walked (and copied)."""
+    return [
+        item if type(item) in _SCALARS and (type(item) is not float or math.isfinite(item))
+        else _plain(item, f"{where}[{i}]", 1, limits)
+        for i, item in enumerate(items)
+    ]
 
 
-def _array_document(array: np.ndarray, where: str, limits: WireLimits) -> dict[str, Any]:
+def _array_document(array: Any, where: str, limits: WireLimits) -> dict[str, Any]:
+    array = np.asarray(array)
     if array.dtype.kind not in _ARRAY_KINDS:
         raise WireError(f"{where}: a numpy array of dtype {array.dtype} has no JSON form")
     if array.size > limits.max_json_values:
@@ -139,7 +207,7 @@ def _array(document: Any, where: str, limits: WireLimits) -> np.ndarray:
         raise WireError(f"{where}: data has {len(data)} values but shape {shape} needs {count}")
     if dtype == "object":
         array = np.empty(count, dtype=object)
-        for i, item in enumerate(data):
+        for i, item in enumerate(data):  # one by one: an item that is a list stays one item
             array[i] = item
         return array.reshape(shape)
     if not isinstance(dtype, str) or not _NUMERIC_DTYPE.fullmatch(dtype):
@@ -157,13 +225,14 @@ def _array(document: Any, where: str, limits: WireLimits) -> np.ndarray:
 # -- whole DataProtos -------------------------------------------------------------------
 
 
-def dataproto_document(data: Any, where: str, limits: WireLimits = DEFAULT_LIMITS) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """A DataProto as its JSON document and its batch tensors by key."""
-    tensors: dict[str, torch.Tensor] = {}
+def dataproto_document(data: Any, where: str, limits: WireLimits = DEFAULT_LIMITS) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A DataProto as its JSON document and its batch tensors by key, as the DataProto
+    holds them (the encoder that writes them checks their datatypes)."""
+    tensors: dict[str, Any] = {}
     if data.batch is not None:
         for key in data.batch.keys():
             value = data.batch[key]
-            if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            if not isinstance(key, str) or not (is_tensor(value) or isinstance(value, WireTensor)):
                 raise WireError(f"{where}.batch: only flat string keys of tensors travel, got {key!r:.40}")
             tensors[key] = value
     document = {
@@ -171,18 +240,18 @@ def dataproto_document(data: Any, where: str, limits: WireLimits = DEFAULT_LIMIT
         "batch": list(tensors),
         "non_tensor_batch": {
             key: _array_document(value, f"{where}.non_tensor_batch.{key}", limits)
-            for key, value in data.non_tensor_batch.items()
+            for key, value in (data.non_tensor_batch or {}).items()
         },
-        "meta_info": _plain(data.meta_info, f"{where}.meta_info", 0, limits),
+        "meta_info": _plain(data.meta_info or {}, f"{where}.meta_info", 0, limits),
     }
     return document, tensors
 
 
 def build_dataproto(
-    document: Any, tensors: Mapping[str, torch.Tensor], where: str, limits: WireLimits = DEFAULT_LIMITS
+    document: Any, tensors: Mapping[str, Any], where: str, limits: WireLimits, builder: Builder
 ) -> Any:
-    """The DataProto a document and its tensors describe; :class:`WireError` for a
-    document that does not fit them (names, row counts, shapes, types)."""
+    """The DataProto a document and its tensors describe, made by ``builder`` once the
+    document fits them: names, row counts, shapes, types (:class:`WireError` otherwise)."""
     if not isinstance(document, Mapping) or set(document) != _DOCUMENT_KEYS:
         raise WireError(f"{where}: a DataProto is an object with exactly {sorted(_DOCUMENT_KEYS)}")
     rows, names = document["rows"], document["batch"]
@@ -193,9 +262,9 @@ def build_dataproto(
     if sorted(names) != sorted(tensors):
         raise WireError(f"{where}.batch names {sorted(names)[:5]} but the tensors are {sorted(tensors)[:5]}")
     for name in names:
-        tensor = tensors[name]
-        if tensor.dim() == 0 or tensor.shape[0] != rows:
-            raise WireError(f"{where}.batch.{name}: shape {list(tensor.shape)} has not {rows} rows")
+        shape = list(tensors[name].shape)
+        if not shape or shape[0] != rows:
+            raise WireError(f"{where}.batch.{name}: shape {shape} has not {rows} rows")
     non_tensor = document["non_tensor_batch"]
     if not isinstance(non_tensor, Mapping):
         raise WireError(f"{where}.non_tensor_batch must be an object")
@@ -205,13 +274,4 @@ def build_dataproto(
             raise WireError(f"{where}.non_tensor_batch.{key} has {array.shape[0]} rows, not {rows}")
     if not isinstance(document["meta_info"], Mapping):
         raise WireError(f"{where}.meta_info must be an object")
-    from single_controller.protocol import DataProto, DataProtoError
-
-    try:
-        return DataProto.from_dict(
-            tensors={name: tensors[name] for name in names} or None,
-            non_tensors=arrays,
-            meta_info=dict(document["meta_info"]),
-        )
-    except DataProtoError as exc:
-        raise WireError(f"{where}: {exc}") from None
+    return builder.dataproto({name: tensors[name] for name in names}, arrays, dict(document["meta_info"]), where)

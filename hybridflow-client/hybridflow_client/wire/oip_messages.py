@@ -1,10 +1,11 @@
-"""Open Inference Protocol (KServe v2) inference requests and responses, with the binary
-tensor data extension: a JSON header of ``Inference-Header-Content-Length`` bytes, then
-the binary tensors' raw little-endian row-major bytes, in the order the header lists them.
+"""Open Inference Protocol (KServe v2) inference requests and responses, both ways, with
+the binary tensor data extension: a JSON header of ``Inference-Header-Content-Length``
+bytes, then the binary tensors' raw little-endian row-major bytes, in the order the header
+lists them. Requests are built as tritonclient builds them.
 
-Parsing checks the whole message before any model runs: the header, every input's
-datatype, shape (against :class:`wire.limits.WireLimits`) and size, the requested outputs
-and their parameters. Nothing here unpickles.
+Parsing checks the whole message before any model runs: the header, every tensor's
+datatype, shape (against :class:`~hybridflow_client.wire.limits.WireLimits`) and size,
+the requested outputs and their parameters. Nothing here unpickles.
 """
 
 from __future__ import annotations
@@ -13,22 +14,14 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-import torch
-
-from hybridflow.wire.dtypes import (
-    DATATYPE_OF,
-    check_shape,
-    itemsize,
-    numpy_to_torch,
-    plain_cpu,
-    tensor_from_buffer,
-    torch_dtype,
-)
-from hybridflow.wire.errors import WireError
-from hybridflow.wire.json_tensors import json_data, json_to_tensor
-from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
-from hybridflow.wire.strict_json import dumps_compact, loads_strict
+from hybridflow_client.wire.builders import CLIENT_BUILDER
+from hybridflow_client.wire.datatypes import WireTensor, check_datatype, check_shape, from_buffer, itemsize
+from hybridflow_client.wire.errors import WireError
+from hybridflow_client.wire.limits import DEFAULT_LIMITS, WireLimits
+from hybridflow_client.wire.parts import Builder
+from hybridflow_client.wire.strict_json import dumps_compact, loads_strict
+from hybridflow_client.wire.tensor_objects import from_json
+from hybridflow_client.wire.tensors import is_tensor, to_wire
 
 __all__ = [
     "HEADER_LENGTH",
@@ -55,7 +48,7 @@ def parse_header_length(value: str | int | None, body_size: int) -> int | None:
             raise WireError(f"{HEADER_LENGTH} {value[:40]!r} is not a non-negative integer")
         value = int(text)
     elif isinstance(value, bool) or not isinstance(value, int):
-        raise WireError(f"{HEADER_LENGTH} must be an integer, got {value!r}")
+        raise WireError(f"{HEADER_LENGTH} must be an integer, got {value!r:.40}")
     if value < 0 or value > body_size:
         raise WireError(f"{HEADER_LENGTH} {value} does not fit a body of {body_size} bytes")
     return value
@@ -70,17 +63,6 @@ def _split_body(
     if length is None:
         return loads_strict(view, f"{what} body", limits), view[len(view) :], False
     return loads_strict(view[:length], f"{what} header", limits), view[length:], True
-
-
-def _tensor_bytes(tensor: torch.Tensor) -> bytes:
-    """Raw little-endian row-major bytes of a CPU tensor with a wire datatype."""
-    tensor = tensor.contiguous()
-    if tensor.dtype is torch.bfloat16:
-        tensor = tensor.view(torch.int16)
-    elif tensor.dtype is torch.bool:
-        tensor = tensor.view(torch.uint8)
-    array = tensor.numpy()
-    return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
 def _parameters(entry: Mapping[str, Any], label: str) -> dict[str, Any]:
@@ -108,10 +90,10 @@ def _check_count(entries: list, kind: str, what: str, limits: WireLimits) -> lis
 
 
 def _parse_tensors(
-    entries: list, rest: memoryview, binary_allowed: bool, kind: str, limits: WireLimits
-) -> dict[str, torch.Tensor]:
+    entries: list, rest: memoryview, binary_allowed: bool, kind: str, limits: WireLimits, builder: Builder
+) -> dict[str, Any]:
     """Tensors of an OIP ``inputs`` or ``outputs`` list, binary ones read from ``rest``."""
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict[str, WireTensor] = {}
     offset = 0
     for position, entry in enumerate(entries):
         if not isinstance(entry, dict):
@@ -122,8 +104,7 @@ def _parse_tensors(
         label = f"{kind} {name!r:.100}"
         if name in tensors:
             raise WireError(f"{label} is given twice")
-        datatype = entry.get("datatype")
-        torch_dtype(datatype, label)
+        datatype = check_datatype(entry.get("datatype"), label)
         shape = check_shape(entry.get("shape"), label, limits)
         parameters = _parameters(entry, label)
         if "shared_memory_region" in parameters:
@@ -132,7 +113,7 @@ def _parse_tensors(
         if size is None:
             if "data" not in entry:
                 raise WireError(f"{label} has neither 'data' nor parameters.binary_data_size")
-            tensors[name] = json_to_tensor(entry, label, limits)
+            tensors[name] = from_json(entry, label, limits)
             continue
         if "data" in entry:
             raise WireError(f"{label} has both 'data' and parameters.binary_data_size")
@@ -150,14 +131,14 @@ def _parse_tensors(
                 f"{label}: the body ends {offset + size - len(rest)} bytes short of its binary data "
                 f"({len(rest)} bytes follow the JSON header)"
             )
-        tensors[name] = tensor_from_buffer(rest[offset : offset + size], datatype, shape, label)
+        tensors[name] = from_buffer(rest[offset : offset + size], datatype, shape, label)
         offset += size
     if offset != len(rest):
         raise WireError(
             f"the body has {len(rest) - offset} bytes after the JSON header that no {kind} declares "
             f"({offset} declared by binary_data_size, {len(rest)} present)"
         )
-    return tensors
+    return {name: builder.tensor(tensor) for name, tensor in tensors.items()}
 
 
 def _check_requested_outputs(request: dict[str, Any], limits: WireLimits) -> None:
@@ -180,9 +161,11 @@ def _check_requested_outputs(request: dict[str, Any], limits: WireLimits) -> Non
 
 
 def parse_infer_request(
-    body: bytes | bytearray, header_length: str | int | None, limits: WireLimits = DEFAULT_LIMITS
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """An OIP inference request and its input tensors, by name in request order.
+    body: bytes | bytearray, header_length: str | int | None, limits: WireLimits = DEFAULT_LIMITS,
+    builder: Builder = CLIENT_BUILDER,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An OIP inference request and its input tensors (made by ``builder``), by name in
+    request order.
 
     ``header_length`` is the ``Inference-Header-Content-Length`` header, as sent or as an
     int (None when absent: the whole body is JSON). Inputs with
@@ -202,7 +185,20 @@ def parse_infer_request(
     if not isinstance(inputs, list) or not inputs:
         raise WireError("inference request needs a non-empty 'inputs' list")
     _check_count(inputs, "input", "inference request", limits)
-    return request, _parse_tensors(inputs, rest, binary, "input", limits)
+    return request, _parse_tensors(inputs, rest, binary, "input", limits, builder)
+
+
+def parse_infer_response(
+    body: bytes | bytearray, header_length: str | int | None, limits: WireLimits = DEFAULT_LIMITS,
+    builder: Builder = CLIENT_BUILDER,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An OIP inference response and its output tensors (made by ``builder``), with the
+    checks of :func:`parse_infer_request`."""
+    response, rest, binary = _split_body(body, header_length, "inference response", limits)
+    if not isinstance(response, dict) or not isinstance(response.get("outputs", []), list):
+        raise WireError("inference response must be a JSON object with an 'outputs' list")
+    outputs = _check_count(response.get("outputs", []), "output", "inference response", limits)
+    return response, _parse_tensors(outputs, rest, binary, "output", limits, builder)
 
 
 def requested_outputs(request: Mapping[str, Any], output_names: Sequence[str]) -> tuple[list[str], set[str]]:
@@ -223,7 +219,7 @@ def requested_outputs(request: Mapping[str, Any], output_names: Sequence[str]) -
     return list(output_names), set(output_names) if everything else set()
 
 
-def _wants_binary(binary: set[str] | bool | Sequence[str], names: Sequence[str]) -> set[str]:
+def _wants_binary(binary: set[str] | bool | Sequence[str] | None, names: Sequence[str]) -> set[str]:
     if binary is True:
         return set(names)
     if binary is False or binary is None:
@@ -232,25 +228,22 @@ def _wants_binary(binary: set[str] | bool | Sequence[str], names: Sequence[str])
 
 
 def _tensor_entries(
-    tensors: Mapping[str, torch.Tensor], binary: set[str], kind: str
+    tensors: Mapping[str, Any], binary: set[str], kind: str, tensors_only: bool
 ) -> tuple[list[dict[str, Any]], list[bytes]]:
     entries: list[dict[str, Any]] = []
     blobs: list[bytes] = []
-    for name, tensor in tensors.items():
+    for name, value in tensors.items():
         label = f"{kind} {name!r}"
-        if not isinstance(tensor, torch.Tensor):
-            if isinstance(tensor, np.ndarray):
-                tensor = numpy_to_torch(tensor, label)
-            else:
-                raise WireError(f"{label} is a {type(tensor).__name__}, not a tensor")
-        tensor = plain_cpu(tensor, label)
-        entry: dict[str, Any] = {"name": name, "datatype": DATATYPE_OF[tensor.dtype], "shape": list(tensor.shape)}
+        if tensors_only and not (is_tensor(value) or isinstance(value, WireTensor)):
+            raise WireError(f"{label} is a {type(value).__name__}, not a tensor")
+        tensor = to_wire(value, label)
+        entry: dict[str, Any] = {"name": name, "datatype": tensor.datatype, "shape": tensor.shape}
         if name in binary:
-            raw = _tensor_bytes(tensor)
+            raw = tensor.to_bytes()
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
-            entry["data"] = json_data(tensor)
+            entry["data"] = tensor.json_data()
         entries.append(entry)
     return entries, blobs
 
@@ -265,7 +258,7 @@ def _assemble(message: dict[str, Any], blobs: list[bytes]) -> tuple[bytes, int |
 def build_infer_response(
     model_name: str,
     model_version: str | None,
-    outputs: Mapping[str, torch.Tensor],
+    outputs: Mapping[str, Any],
     binary: set[str] | bool,
     id: str | None = None,
     parameters: Mapping[str, Any] | None = None,
@@ -274,12 +267,13 @@ def build_infer_response(
     JSON header (send it as ``Inference-Header-Content-Length``; Triton answers such
     bodies as ``application/octet-stream``, JSON-only ones as ``application/json``).
 
-    ``binary``: True for every output in binary, False for none, or the names to send in
-    binary (names not among ``outputs`` are ignored). JSON outputs carry flat ``data``
-    (BF16 as floats, non-finite floats as "NaN"/"Infinity"/"-Infinity"); binary outputs
-    carry ``parameters.binary_data_size`` and their bytes follow the header in order.
+    ``outputs``: tensors (torch or numpy). ``binary``: True for every output in binary,
+    False for none, or the names to send in binary (names not among ``outputs`` are
+    ignored). JSON outputs carry flat ``data`` (BF16 as floats, non-finite floats as
+    "NaN"/"Infinity"/"-Infinity"); binary outputs carry ``parameters.binary_data_size``
+    and their bytes follow the header in order.
     """
-    entries, blobs = _tensor_entries(outputs, _wants_binary(binary, list(outputs)), "output")
+    entries, blobs = _tensor_entries(outputs, _wants_binary(binary, list(outputs)), "output", tensors_only=True)
     message: dict[str, Any] = {"model_name": model_name}
     if model_version is not None:
         message["model_version"] = model_version
@@ -292,19 +286,20 @@ def build_infer_response(
 
 
 def build_infer_request(
-    inputs: Mapping[str, torch.Tensor],
+    inputs: Mapping[str, Any],
     binary: set[str] | bool = True,
     outputs: Sequence[str] | None = None,
     binary_outputs: bool = True,
     id: str | None = None,
     parameters: Mapping[str, Any] | None = None,
 ) -> tuple[bytes, int | None]:
-    """An OIP inference request body (the client side), like tritonclient builds it:
-    ``binary`` inputs as raw bytes after the JSON header, the rest as JSON ``data``.
-    Named ``outputs`` are requested with ``parameters.binary_data`` = ``binary_outputs``;
-    with no names, ``parameters.binary_data_output`` asks for every output in binary.
-    Returns the body and the header length (None when the body is JSON only)."""
-    entries, blobs = _tensor_entries(inputs, _wants_binary(binary, list(inputs)), "input")
+    """An OIP inference request body, as tritonclient builds it, and its JSON header's
+    length (None when the body is JSON only). ``inputs`` maps names to tensors (torch,
+    numpy, numbers, lists); ``binary`` inputs (True: all) go as raw bytes after the JSON
+    header, the rest as JSON ``data``. Named ``outputs`` are asked for with
+    ``parameters.binary_data`` = ``binary_outputs``; with no names,
+    ``parameters.binary_data_output`` asks for every output in binary."""
+    entries, blobs = _tensor_entries(inputs, _wants_binary(binary, list(inputs)), "input", tensors_only=False)
     message: dict[str, Any] = {}
     if id is not None:
         message["id"] = id
@@ -317,15 +312,3 @@ def build_infer_request(
         message["parameters"] = request_parameters
     message["inputs"] = entries
     return _assemble(message, blobs)
-
-
-def parse_infer_response(
-    body: bytes, header_length: str | int | None, limits: WireLimits = DEFAULT_LIMITS
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """An OIP inference response and its output tensors (the client side of
-    :func:`build_infer_response`), with the same checks as :func:`parse_infer_request`."""
-    response, rest, binary = _split_body(body, header_length, "inference response", limits)
-    if not isinstance(response, dict) or not isinstance(response.get("outputs", []), list):
-        raise WireError("inference response must be a JSON object with an 'outputs' list")
-    outputs = _check_count(response.get("outputs", []), "output", "inference response", limits)
-    return response, _parse_tensors(outputs, rest, binary, "output", limits)

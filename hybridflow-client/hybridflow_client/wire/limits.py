@@ -1,6 +1,8 @@
-"""Bounds on what a body may make the decoder build, so that a small body cannot cost
+"""Bounds on what a body may make a decoder build, so that a small body cannot cost
 gigabytes or minutes. One frozen value, passed in by callers (the server builds it from
-its config); every decoder takes ``limits=`` and defaults to :data:`DEFAULT_LIMITS`."""
+its config); every decoder takes ``limits=``. A server decodes requests within its
+config's limits (:data:`DEFAULT_LIMITS` by default); a client reads the answers of the
+service it chose within :data:`CLIENT_LIMITS`."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["DEFAULT_LIMITS", "MAX_DEPTH", "WireLimits"]
+__all__ = ["CLIENT_LIMITS", "DEFAULT_LIMITS", "MAX_DEPTH", "WireLimits"]
 
 #: The deepest nesting of lists and objects the service takes, and the bound of
 #: ``max_depth``: the state store keeps any value this deep, and what ``state_dict()``
@@ -64,3 +66,11 @@ class WireLimits:
 
 
 DEFAULT_LIMITS = WireLimits()
+
+#: What a client sends and reads back: a service may raise its own limits as far as its
+#: config allows, so only the memory at hand bounds the counts; nesting stays within
+#: :data:`MAX_DEPTH` and every shape is still checked against the bytes that carry it.
+CLIENT_LIMITS = WireLimits(
+    max_tensors=1 << 40, max_json_values=1 << 50, max_json_output_values=1 << 50, max_tensor_elements=1 << 62,
+    max_split_views=1 << 40,
+)

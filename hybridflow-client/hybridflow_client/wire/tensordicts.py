@@ -19,8 +19,11 @@ metadata entry under the batch's path (an argument name, ``output``...) is
 tensors ``<path>@<name>``, each used once. ``batch_size`` is ``[rows]`` (or ``[]`` for a
 batch of metadata and tensors without rows). A jagged tensor's offsets are int32 or int64,
 one more than the rows, start at 0, never decrease and end at the values' length along
-the ragged dimension, all checked before the jagged tensor is made (a view of the values,
-``single_controller.tensordict_utils.jagged_from_parts``).
+the ragged dimension, all checked (vectorised, in numpy) before the side that decodes
+makes the jagged tensor (:class:`~hybridflow_client.wire.parts.Builder`).
+
+Nothing here imports torch or tensordict: a TensorDict, or a jagged tensor, can only be at
+hand once they are imported.
 """
 
 from __future__ import annotations
@@ -29,17 +32,19 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
+import numpy as np
 
-from hybridflow.wire.dataproto import (
+from hybridflow_client.wire.dataproto import (
     build_dataproto,
     dataproto_document,
     is_dataproto,
     json_items,
     plain_json,
 )
-from hybridflow.wire.errors import WireError
-from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
+from hybridflow_client.wire.datatypes import WireTensor
+from hybridflow_client.wire.errors import WireError
+from hybridflow_client.wire.limits import DEFAULT_LIMITS, WireLimits
+from hybridflow_client.wire.parts import Builder, JaggedParts, TensorDictParts
 
 __all__ = [
     "TENSORDICT_MARKER",
@@ -50,6 +55,7 @@ __all__ = [
     "map_tensor_leaves",
     "tensordict_document",
     "tensordict_from_members",
+    "tensordict_of",
 ]
 
 #: The key that marks a TensorDict in a JSON body and in a safetensors metadata document.
@@ -59,7 +65,7 @@ _KEYS = _REQUIRED | {"objects", "metadata"}
 _JAGGED = frozenset({"values", "offsets", "ragged_dim"})
 
 #: ``leaf(value, label)``: the tensor a document's ``<tensor>`` stands for.
-Leaf = Callable[[Any, str], torch.Tensor]
+Leaf = Callable[[Any, str], Any]
 
 
 def is_tensordict(value: Any) -> bool:
@@ -74,37 +80,51 @@ def is_tensordict(value: Any) -> bool:
 # -- to the wire -------------------------------------------------------------------------
 
 
-def tensordict_document(
-    data: Any, where: str, limits: WireLimits = DEFAULT_LIMITS
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """A TensorDict as its document (each ``<tensor>`` a name) and its tensors by name:
-    a dense entry's tensor is named like the entry, a jagged entry's ``<key>.values`` and
+def _jagged_parts(tensor: Any, label: str) -> tuple[Any, Any, int]:
+    """A jagged tensor's ``(values, offsets, ragged_dim)``, its rows packed one after
+    another: a view of its values where they are (work in proportion to the rows), else
+    one gather of the elements (never a tensor per row)."""
+    torch = sys.modules["torch"]
+    if tensor.layout != torch.jagged:
+        raise WireError(f"{label}: a nested tensor travels with layout=torch.jagged")
+    values, offsets, dim = tensor.values(), tensor.offsets().to(torch.int64), int(tensor._ragged_idx)
+    lengths = tensor.lengths()
+    if lengths is not None:  # rows with gaps between them: each element's place in the packed rows
+        lengths = lengths.to(torch.int64)
+        ends = torch.cumsum(lengths, 0)
+        total = int(ends[-1]) if len(ends) else 0
+        shift = torch.repeat_interleave(offsets[:-1] - (ends - lengths), lengths, output_size=total)
+        values = values.index_select(dim - 1, torch.arange(total, dtype=torch.int64, device=values.device) + shift)
+        offsets = torch.cat([lengths.new_zeros(1), ends])
+    return values, offsets, dim
+
+
+def tensordict_document(data: Any, where: str, limits: WireLimits = DEFAULT_LIMITS) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A TensorDict as its document (each ``<tensor>`` a name) and its tensors by name,
+    as torch holds them (the encoder that writes them checks their datatypes): a dense
+    entry's tensor is named like the entry, a jagged entry's ``<key>.values`` and
     ``<key>.offsets`` (every tensor by its number should those names clash)."""
     from tensordict import NonTensorData, NonTensorStack
 
-    from single_controller.tensordict_utils import jagged_parts
-
     if data.batch_dims > 1:
         raise WireError(f"{where}: a TensorDict travels with one batch dimension at most, not {list(data.batch_size)}")
+    torch = sys.modules["torch"]
     entries: dict[str, Any] = {}
     objects: dict[str, Any] = {}
     metadata: dict[str, Any] = {}
-    parts: list[tuple[str, torch.Tensor]] = []
+    parts: list[tuple[str, Any]] = []
     for key in data.keys():
         value = data.get(key)
         if not isinstance(key, str):
             raise WireError(f"{where}: only string keys travel, got {key!r:.40}")
         label = f"{where}.{key}"
         if isinstance(value, NonTensorStack):
-            objects[key] = json_items(value.tolist(), label, limits) if value.batch_dims == 1 else plain_json(
-                value.tolist(), label, limits)
+            items = value.tolist()
+            objects[key] = json_items(items, label, limits) if value.batch_dims == 1 else plain_json(items, label, limits)
         elif isinstance(value, NonTensorData):
             metadata[key] = plain_json(value.data, label, limits)
         elif isinstance(value, torch.Tensor) and value.is_nested:
-            try:
-                values, offsets, ragged_dim = jagged_parts(value)
-            except ValueError as exc:
-                raise WireError(f"{label}: {exc}") from None
+            values, offsets, ragged_dim = _jagged_parts(value, label)
             entries[key] = {"values": len(parts), "offsets": len(parts) + 1, "ragged_dim": ragged_dim}
             parts += [(f"{key}.values", values), (f"{key}.offsets", offsets)]
         elif isinstance(value, torch.Tensor):
@@ -137,9 +157,7 @@ def map_tensor_leaves(entries: Mapping[str, Any], fn: Callable[[Any], Any]) -> d
     return out
 
 
-def batch_document(
-    value: Any, where: str, limits: WireLimits = DEFAULT_LIMITS
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
+def batch_document(value: Any, where: str, limits: WireLimits = DEFAULT_LIMITS) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """A DataProto's or TensorDict's document as a safetensors metadata entry holds it (a
     TensorDict's under :data:`TENSORDICT_MARKER`) and its tensors by name; None for any
     other value."""
@@ -152,6 +170,29 @@ def batch_document(
 
 
 # -- from the wire -----------------------------------------------------------------------
+
+
+def _shape(tensor: Any) -> list[int]:
+    return list(tensor.shape)
+
+
+def _offsets(tensor: Any) -> np.ndarray | None:
+    """A decoded (or torch) tensor's values as an int64 numpy array when it is 1-D INT32
+    or INT64, else None."""
+    if isinstance(tensor, WireTensor):
+        array = tensor.array if tensor.datatype in ("INT32", "INT64") else None
+    else:
+        try:
+            array = np.asarray(tensor)
+        except (TypeError, RuntimeError):  # torch dtypes numpy has no form of
+            return None
+    if array is None or array.dtype not in (np.int32, np.int64) or array.ndim != 1:
+        return None
+    return array.astype(np.int64)
+
+
+def _kind(tensor: Any) -> str:
+    return tensor.datatype if isinstance(tensor, WireTensor) else str(getattr(tensor, "dtype", type(tensor).__name__))
 
 
 def _batch_size(value: Any, where: str, limits: WireLimits) -> list[int]:
@@ -169,26 +210,24 @@ def _mapping(document: Mapping[str, Any], key: str, where: str) -> Mapping[str, 
     return value
 
 
-def _jagged(entry: Mapping[str, Any], leaf: Leaf, rows: int | None, label: str) -> torch.Tensor:
-    """A jagged tensor from its parts, once the offsets fit the rows and the values."""
-    from single_controller.tensordict_utils import jagged_from_parts
-
+def _jagged(entry: Mapping[str, Any], leaf: Leaf, rows: int | None, label: str) -> JaggedParts:
+    """A jagged tensor's parts, once the offsets fit the rows and the values."""
     if set(entry) != _JAGGED:
         raise WireError(f"{label}: a jagged tensor is an object with exactly values, offsets and ragged_dim")
     if not rows:
         raise WireError(f"{label}: a jagged tensor needs a batch of one or more rows (batch_size [rows])")
-    values, offsets = leaf(entry["values"], f"{label}.values"), leaf(entry["offsets"], f"{label}.offsets")
-    ragged_dim = entry["ragged_dim"]
-    if isinstance(ragged_dim, bool) or not isinstance(ragged_dim, int) or not 1 <= ragged_dim <= values.dim():
-        raise WireError(f"{label}.ragged_dim must be between 1 and {values.dim()} for values of shape "
-                        f"{list(values.shape)}, got {ragged_dim!r:.40}")
-    if offsets.dtype not in (torch.int32, torch.int64) or offsets.dim() != 1:
-        raise WireError(f"{label}.offsets must be a 1-D INT32 or INT64 tensor, got {offsets.dtype} "
-                        f"of shape {list(offsets.shape)}")
-    if offsets.numel() != rows + 1:
-        raise WireError(f"{label}.offsets has {offsets.numel()} entries; {rows} rows need {rows + 1}")
-    offsets = offsets.to(torch.int64)
-    length = values.shape[ragged_dim - 1]
+    values, raw_offsets = leaf(entry["values"], f"{label}.values"), leaf(entry["offsets"], f"{label}.offsets")
+    shape, ragged_dim = _shape(values), entry["ragged_dim"]
+    if isinstance(ragged_dim, bool) or not isinstance(ragged_dim, int) or not 1 <= ragged_dim <= len(shape):
+        raise WireError(f"{label}.ragged_dim must be between 1 and {len(shape)} for values of shape "
+                        f"{shape}, got {ragged_dim!r:.40}")
+    offsets = _offsets(raw_offsets)
+    if offsets is None:
+        raise WireError(f"{label}.offsets must be a 1-D INT32 or INT64 tensor, got {_kind(raw_offsets)} "
+                        f"of shape {_shape(raw_offsets)}")
+    if offsets.size != rows + 1:
+        raise WireError(f"{label}.offsets has {offsets.size} entries; {rows} rows need {rows + 1}")
+    length = shape[ragged_dim - 1]
     if int(offsets[0]) != 0:
         raise WireError(f"{label}.offsets must start at 0, got {int(offsets[0])}")
     if bool((offsets[1:] < offsets[:-1]).any()):
@@ -196,15 +235,13 @@ def _jagged(entry: Mapping[str, Any], leaf: Leaf, rows: int | None, label: str) 
     if int(offsets[-1]) != length:
         raise WireError(f"{label}.offsets end at {int(offsets[-1])}, but the values hold {length} along "
                         f"the ragged dimension")
-    try:
-        return jagged_from_parts(values, offsets, ragged_dim)
-    except (ValueError, RuntimeError) as exc:
-        raise WireError(f"{label}: {exc}") from None
+    return JaggedParts(values, offsets, ragged_dim)
 
 
-def build_tensordict(document: Any, leaf: Leaf, where: str, limits: WireLimits = DEFAULT_LIMITS) -> Any:
-    """The TensorDict a document describes, its tensors given by ``leaf``; every count,
-    name, shape and offset is checked first (:class:`WireError` naming what does not fit)."""
+def tensordict_parts(document: Any, leaf: Leaf, where: str, limits: WireLimits = DEFAULT_LIMITS) -> TensorDictParts:
+    """The parts of the TensorDict a document describes, its tensors given by ``leaf``;
+    every count, name, shape and offset checked (:class:`WireError` naming what does not
+    fit)."""
     if not isinstance(document, Mapping) or not _REQUIRED <= set(document) or not set(document) <= _KEYS:
         raise WireError(f"{where}: a TensorDict is an object with batch_size and tensors "
                         "(and optionally objects and metadata)")
@@ -217,43 +254,66 @@ def build_tensordict(document: Any, leaf: Leaf, where: str, limits: WireLimits =
     clash = (set(entries) & set(objects)) | (set(entries) & set(metadata)) | (set(objects) & set(metadata))
     if clash:
         raise WireError(f"{where}: {sorted(clash)[0]!r:.60} is given twice")
-    source: dict[str, Any] = {}
+    parts = TensorDictParts(list(batch_size))
     for key, entry in entries.items():
         label = f"{where}.tensors.{key}"
         if isinstance(entry, Mapping) and _JAGGED & set(entry):
-            source[key] = _jagged(entry, leaf, rows, label)
+            parts.tensors[key] = _jagged(entry, leaf, rows, label)
             continue
         tensor = leaf(entry, label)
-        if list(tensor.shape[: len(batch_size)]) != batch_size:
-            raise WireError(f"{label}: shape {list(tensor.shape)} does not start with batch_size {batch_size}")
-        source[key] = tensor
-    from tensordict import NonTensorData
-
-    from single_controller.tensordict_utils import object_column
-
+        if _shape(tensor)[: len(batch_size)] != batch_size:
+            raise WireError(f"{label}: shape {_shape(tensor)} does not start with batch_size {batch_size}")
+        parts.tensors[key] = tensor
     for key, items in objects.items():
         if not isinstance(items, list) or len(items) != rows:
             raise WireError(f"{where}.objects.{key} must be a list of one value per row ({rows} rows)")
-        # one list, no tensorclass per row
-        source[key] = object_column(json_items(items, f"{where}.objects.{key}", limits))
+        parts.objects[key] = json_items(items, f"{where}.objects.{key}", limits)
     for key, value in metadata.items():
-        source[key] = NonTensorData(plain_json(value, f"{where}.metadata.{key}", limits))
-    from tensordict import TensorDict
+        parts.metadata[key] = plain_json(value, f"{where}.metadata.{key}", limits)
+    return parts
 
+
+def tensordict_of(
+    parts: TensorDictParts, where: str, tensor: Callable[[Any], Any], jagged: Callable[[JaggedParts], Any],
+    column: Callable[[list[Any]], Any],
+) -> Any:
+    """The TensorDict of checked parts, each made the side's way: ``tensor`` (a dense
+    tensor), ``jagged`` (a jagged one) and ``column`` (a column of Python objects)."""
+    from tensordict import NonTensorData, TensorDict
+
+    source: dict[str, Any] = {}
+    for key, entry in parts.tensors.items():
+        if isinstance(entry, JaggedParts):
+            try:
+                source[key] = jagged(entry)
+            except (ValueError, RuntimeError) as exc:
+                raise WireError(f"{where}.tensors.{key}: {exc}") from None
+        else:
+            source[key] = tensor(entry)
+    for key, items in parts.objects.items():
+        source[key] = column(items)
+    for key, value in parts.metadata.items():
+        source[key] = NonTensorData(value)
     try:
-        return TensorDict(source, batch_size=batch_size)
+        return TensorDict(source, batch_size=parts.batch_size)
     except (ValueError, RuntimeError, TypeError, KeyError) as exc:
         raise WireError(f"{where}: {exc}") from None
 
 
+def build_tensordict(document: Any, leaf: Leaf, where: str, limits: WireLimits, builder: Builder) -> Any:
+    """The TensorDict a document describes, its tensors given by ``leaf``, made by
+    ``builder`` once :func:`tensordict_parts` checked it."""
+    return builder.tensordict(tensordict_parts(document, leaf, where, limits), where)
+
+
 def tensordict_from_members(
-    document: Any, members: Mapping[str, torch.Tensor], where: str, limits: WireLimits = DEFAULT_LIMITS
+    document: Any, members: Mapping[str, Any], where: str, limits: WireLimits, builder: Builder
 ) -> Any:
     """:func:`build_tensordict` where each ``<tensor>`` names one of ``members`` (the
     tensors ``<path>@<name>`` of a safetensors body), each used exactly once."""
     used: set[str] = set()
 
-    def leaf(name: Any, label: str) -> torch.Tensor:
+    def leaf(name: Any, label: str) -> Any:
         if not isinstance(name, str) or name not in members:
             raise WireError(f"{label}: {name!r:.100} names none of the batch's tensors")
         if name in used:
@@ -261,17 +321,16 @@ def tensordict_from_members(
         used.add(name)
         return members[name]
 
-    data = build_tensordict(document, leaf, where, limits)
+    parts = tensordict_parts(document, leaf, where, limits)
     if len(used) != len(members):
         raise WireError(f"{where}: tensors {sorted(set(members) - used)[:3]} belong to no entry")
-    return data
+    return builder.tensordict(parts, where)
 
 
-def build_batch(
-    document: Any, members: Mapping[str, torch.Tensor], where: str, limits: WireLimits = DEFAULT_LIMITS
-) -> Any:
+def build_batch(document: Any, members: Mapping[str, Any], where: str, limits: WireLimits, builder: Builder) -> Any:
     """The DataProto or TensorDict (a document under :data:`TENSORDICT_MARKER`) a parsed
-    safetensors metadata document and its tensors describe (:func:`batch_document`'s inverse)."""
+    safetensors metadata document and its tensors describe (:func:`batch_document`'s
+    inverse), made by ``builder``."""
     if isinstance(document, Mapping) and set(document) == {TENSORDICT_MARKER}:
-        return tensordict_from_members(document[TENSORDICT_MARKER], members, where, limits)
-    return build_dataproto(document, members, where, limits)
+        return tensordict_from_members(document[TENSORDICT_MARKER], members, where, limits, builder)
+    return build_dataproto(document, members, where, limits, builder)

@@ -1,8 +1,10 @@
 """The one strict JSON loader for bytes from the network, and the compact dumper.
 
 Strict: UTF-8 only (as RFC 8259 requires of JSON between systems), no NaN or Infinity, no
-number that overflows a 64-bit float or integer, and at most ``limits.max_json_values``
-values, counted on the bytes before anything is built.
+number that overflows a 64-bit float or integer (a client reading its service's answers
+may take wider integers, ``wide_ints``), and at most ``limits.max_json_values`` values,
+counted on the bytes before anything is built. Every refusal is a :class:`WireError` with
+``unparsed`` set: the bytes are no document a body may hold.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ import math
 import re
 from typing import Any
 
-from hybridflow.wire.errors import WireError
-from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
+from hybridflow_client.wire.errors import WireError
+from hybridflow_client.wire.limits import DEFAULT_LIMITS, WireLimits
 
 __all__ = ["JsonBudget", "dumps_compact", "loads_strict", "parse_counted", "value_bound"]
 
@@ -76,7 +78,9 @@ class JsonBudget:
         data = raw.encode() if isinstance(raw, str) else bytes(raw)
         # UTF-8 JSON never holds a NUL byte; UTF-16/32 always does, and its bytes would fool the count.
         if b"\0" in data:
-            raise WireError(f"{what} is not valid JSON: it must be UTF-8 (a NUL byte at offset {data.index(0)})")
+            raise WireError(
+                f"{what} is not valid JSON: it must be UTF-8 (a NUL byte at offset {data.index(0)})", unparsed=True
+            )
         left = self.limit - self.spent
         # The quick bound counts inside strings too and is cheaper: strip strings only when it is
         # over, or when what is left matters to documents after this one.
@@ -88,22 +92,23 @@ class JsonBudget:
                 raise WireError(
                     f"{what} takes the body past {self.limit} JSON values (limits.max_json_values counts "
                     f"every document of a body; {self.spent} came before it); "
-                    "send large tensors as safetensors or OIP binary data"
+                    "send large tensors as safetensors or OIP binary data", unparsed=True
                 )
             raise WireError(
                 f"{what} holds more than {self.limit} JSON values (limits.max_json_values); "
-                "send large tensors as safetensors or OIP binary data"
+                "send large tensors as safetensors or OIP binary data", unparsed=True
             )
         self.spent += count
         return data
 
 
-def parse_counted(data: bytes, what: str = "body") -> Any:
+def parse_counted(data: bytes, what: str = "body", wide_ints: bool = False) -> Any:
     """Parsed JSON of bytes a :class:`JsonBudget` has counted, with the strict rules."""
     try:
-        return json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_int64)
+        return json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float,
+                          parse_int=int if wide_ints else _int64)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise WireError(f"{what} is not valid JSON: {exc}") from None
+        raise WireError(f"{what} is not valid JSON: {exc}", unparsed=True) from None
 
 
 def loads_strict(
@@ -111,12 +116,14 @@ def loads_strict(
     what: str = "body",
     limits: WireLimits = DEFAULT_LIMITS,
     budget: JsonBudget | None = None,
+    wide_ints: bool = False,
 ) -> Any:
     """Parsed JSON, or a :class:`WireError` saying ``what`` is not valid JSON or holds more
-    than ``limits.max_json_values`` values (or more than ``budget`` has left, when given)."""
+    than ``limits.max_json_values`` values (or more than ``budget`` has left, when given).
+    ``wide_ints`` takes integers past 64 bits (what a Python answer may hold)."""
     if budget is None:
-        return parse_counted(JsonBudget(limits).spend(raw, what, exact=False), what)
-    return parse_counted(budget.spend(raw, what), what)
+        return parse_counted(JsonBudget(limits).spend(raw, what, exact=False), what, wide_ints)
+    return parse_counted(budget.spend(raw, what), what, wide_ints)
 
 
 def dumps_compact(value: Any) -> bytes:
