@@ -5,7 +5,7 @@
 #   curl http://127.0.0.1:8000/readyz
 #
 # Ray keeps its object store in /dev/shm: give the container more than Docker's 64 MiB
-# default (--shm-size). Set SC_AUTH_TOKEN to require a bearer token on every route but
+# default (--shm-size). Set HYBRIDFLOW_TOKEN to require a bearer token on every route but
 # the health checks.
 #
 # Build args (GPU variant and offline builds: deploy/README.md):

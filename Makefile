@@ -13,7 +13,7 @@ UV := $(VENV)/bin/uv
 
 # Debian packages the tests use: Chromium and its driver (the browser tests) and Redis
 # (the state store's backend). Installed when missing, as root where apt-get exists;
-# otherwise the tests that need them skip (SC_REQUIRE_SYSTEM_DEPS=1 makes them fail).
+# otherwise the tests that need them skip (HYBRIDFLOW_REQUIRE_SYSTEM_DEPS=1 makes them fail).
 SYSTEM_PACKAGES := chromium chromium-driver redis-server
 
 # The runtime: what `make serve` needs.
@@ -88,7 +88,7 @@ serve: $(STAMP)
 
 # The same, starting every group clean (the stored state is discarded once, at this start).
 serve-fresh: $(STAMP)
-	$(SERVE_ENV) SC_STATE_FRESH=1 $(VENV)/bin/serve run serve_config.yaml
+	$(SERVE_ENV) HYBRIDFLOW_STATE_FRESH=1 $(VENV)/bin/serve run serve_config.yaml
 
 # Benchmarks: bench/results/latest.json and latest.png, rendered into docs/benchmarks.md
 # (BENCH_ARGS=--quick for a short run).

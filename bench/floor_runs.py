@@ -282,18 +282,18 @@ def floor_run(settings: Settings, floors: tuple[str, ...] = tuple(FLOORS), scali
 @contextmanager
 def request_path(path: str) -> Iterator[None]:
     """The environment a ``ServeProcess`` is built in for a request path: Serve's own proxy
-    is ``SC_SERVE_HAPROXY=0`` (tests/serve_process.py reads it when built)."""
+    is ``HYBRIDFLOW_SERVE_HAPROXY=0`` (tests/serve_process.py reads it when built)."""
     if path not in PATHS:
         raise ValueError(f"unknown request path {path!r}; known: {', '.join(PATHS)}")
-    saved = os.environ.get("SC_SERVE_HAPROXY")
-    os.environ["SC_SERVE_HAPROXY"] = "1" if path == "haproxy" else "0"
+    saved = os.environ.get("HYBRIDFLOW_SERVE_HAPROXY")
+    os.environ["HYBRIDFLOW_SERVE_HAPROXY"] = "1" if path == "haproxy" else "0"
     try:
         yield
     finally:
         if saved is None:
-            os.environ.pop("SC_SERVE_HAPROXY", None)
+            os.environ.pop("HYBRIDFLOW_SERVE_HAPROXY", None)
         else:
-            os.environ["SC_SERVE_HAPROXY"] = saved
+            os.environ["HYBRIDFLOW_SERVE_HAPROXY"] = saved
 
 
 def service_run(path: str, config: os.PathLike[str], settings: Settings, add: bool = True,

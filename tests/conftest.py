@@ -52,7 +52,7 @@ def no_global_padding():
 @pytest.fixture(scope="module")
 def browser():
     """A headless Chromium (tests/browser.py): the test skips without it, or fails under
-    SC_REQUIRE_SYSTEM_DEPS=1."""
+    HYBRIDFLOW_REQUIRE_SYSTEM_DEPS=1."""
     from tests.browser import chromium
 
     with chromium() as opened:

@@ -10,7 +10,7 @@
     hybridflow infer mlp --shape 8,2,4096 --random
     hybridflow job mlp run_layer --random-input 2048,16,4096 --binary --split 16
 
-``--url`` (default $SC_URL or http://127.0.0.1:8000), ``--token`` (default $SC_AUTH_TOKEN)
+``--url`` (default $HYBRIDFLOW_URL or http://127.0.0.1:8000), ``--token`` (default $HYBRIDFLOW_TOKEN)
 and ``--timeout`` may come before or after the command. While a call or an inference
 waits, a spinner with the elapsed time runs on stderr (when stderr is a terminal).
 
@@ -54,6 +54,16 @@ class UsageError(Exception):
     """Arguments that argparse accepted but the command cannot use."""
 
 
+def from_environment(name: str, earlier: str) -> str | None:
+    """``$name``, or its earlier name's value (read for one more release, with a warning)."""
+    if name in os.environ:
+        return os.environ[name]
+    if earlier in os.environ:
+        print(f"hybridflow: {earlier} is read for one more release: set {name} instead", file=sys.stderr)
+        return os.environ[earlier]
+    return None
+
+
 def _connection_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
     """``--url`` etc. on the main parser (with defaults) and on each command (without, so
     a value given after the command wins and one given before is kept)."""
@@ -62,11 +72,12 @@ def _connection_options(parser: argparse.ArgumentParser, suppress: bool) -> None
         return argparse.SUPPRESS if suppress else value
 
     parser.add_argument(
-        "--url", default=default(os.environ.get("SC_URL", DEFAULT_URL)),
-        help=f"service address (default: $SC_URL or {DEFAULT_URL})",
+        "--url", default=default(from_environment("HYBRIDFLOW_URL", "SC_URL") or DEFAULT_URL),
+        help=f"service address (default: $HYBRIDFLOW_URL or {DEFAULT_URL})",
     )
     parser.add_argument(
-        "--token", default=default(os.environ.get("SC_AUTH_TOKEN")), help="bearer token (default: $SC_AUTH_TOKEN)"
+        "--token", default=default(from_environment("HYBRIDFLOW_TOKEN", "SC_AUTH_TOKEN")),
+        help="bearer token (default: $HYBRIDFLOW_TOKEN)",
     )
     parser.add_argument(
         "--timeout", type=float, default=default(DEFAULT_TIMEOUT_S),

@@ -88,7 +88,7 @@ class ServiceConfig(_Strict):
     )
     max_body_bytes: int = Field(1 << 30, gt=0, description="larger request bodies answer 413")
     auth_token: str | None = Field(
-        None, description="when set (or SC_AUTH_TOKEN is), every route but health checks needs 'Bearer <token>'"
+        None, description="when set (or HYBRIDFLOW_TOKEN is), every route but health checks needs 'Bearer <token>'"
     )
     trusted_proxies: list[IPvAnyNetwork] = Field(
         default_factory=lambda: [ip_network(n) for n in LOOPBACK],

@@ -234,7 +234,7 @@ class GroupDurability:
             f"group {self.group!r} of deployment {self.deployment!r}: the stored state in {state.location} was "
             f"written for another shape of this group ({'; '.join(changes)}), and replaying it would rebuild the "
             "wrong state. Put the config back as it was, or discard the stored state: start with `make "
-            "serve-fresh` (SC_STATE_FRESH=1) or `state: {fresh: true}` for every group, or set "
+            "serve-fresh` (HYBRIDFLOW_STATE_FRESH=1) or `state: {fresh: true}` for every group, or set "
             "`state: {on_mismatch: reset}` for the groups that no longer fit"
         )
 

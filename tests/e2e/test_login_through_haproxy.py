@@ -30,7 +30,7 @@ FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 @pytest.fixture(scope="module")
 def behind_haproxy(service, tmp_path_factory):
     if service.env.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
-        pytest.skip("SC_SERVE_HAPROXY=0: Serve's own proxy, not HAProxy, is in front")
+        pytest.skip("HYBRIDFLOW_SERVE_HAPROXY=0: Serve's own proxy, not HAProxy, is in front")
     app = application(service, "logins", tmp_path_factory, auth_token=TOKEN,
                       deployments=[shipped_deployment("accumulators", ("accumulator",))],
                       limits={"login_failures_per_minute": PER_ADDRESS, "login_failures_per_minute_total": TOTAL})

@@ -101,7 +101,7 @@ def test_the_settings_say_what_the_load_generator_ran():
 def test_a_service_is_built_for_the_request_path_asked(monkeypatch):
     from tests.serve_process import ServeProcess
 
-    monkeypatch.delenv("SC_SERVE_HAPROXY", raising=False)
+    monkeypatch.delenv("HYBRIDFLOW_SERVE_HAPROXY", raising=False)
     with floor_runs.request_path("serve_proxy"):
         serve_proxy = ServeProcess()
     with floor_runs.request_path("haproxy"):
@@ -110,7 +110,7 @@ def test_a_service_is_built_for_the_request_path_asked(monkeypatch):
     assert haproxy.env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     import os
 
-    assert "SC_SERVE_HAPROXY" not in os.environ  # put back as it was
+    assert "HYBRIDFLOW_SERVE_HAPROXY" not in os.environ  # put back as it was
     with pytest.raises(ValueError, match="unknown request path"):
         with floor_runs.request_path("grpc"):
             pass

@@ -58,16 +58,16 @@ def test_the_state_path_is_resolved_where_serve_run_starts(tmp_path):
     assert (config.path, config.snapshot_every, config.fresh, config.on_mismatch) == (
         DEFAULT_STATE_PATH, 1000, False, "error")
     assert config.resolved(env={}, cwd=tmp_path).path == str(tmp_path / ".hybridflow" / "state.db")
-    assert config.resolved(env={"SC_STATE_PATH": "other.db"}, cwd=tmp_path).path == str(tmp_path / "other.db")
-    assert config.resolved(env={"SC_STATE_PATH": "null"}).location is None
+    assert config.resolved(env={"HYBRIDFLOW_STATE_PATH": "other.db"}, cwd=tmp_path).path == str(tmp_path / "other.db")
+    assert config.resolved(env={"HYBRIDFLOW_STATE_PATH": "null"}).location is None
     assert StateConfig(path=None).resolved(env={}).location is None
     # a fresh start from the environment (make serve-fresh), or from the config
-    assert config.resolved(env={"SC_STATE_FRESH": "1"}, cwd=tmp_path).fresh
-    assert not config.resolved(env={"SC_STATE_FRESH": "0"}, cwd=tmp_path).fresh
-    # a Redis server instead of the file; SC_STATE_PATH still wins
+    assert config.resolved(env={"HYBRIDFLOW_STATE_FRESH": "1"}, cwd=tmp_path).fresh
+    assert not config.resolved(env={"HYBRIDFLOW_STATE_FRESH": "0"}, cwd=tmp_path).fresh
+    # a Redis server instead of the file; HYBRIDFLOW_STATE_PATH still wins
     redis = StateConfig(redis_url="redis://cache:6379/0")
     assert redis.resolved(env={}, cwd=tmp_path).location == "redis://cache:6379/0"
-    assert redis.resolved(env={"SC_STATE_PATH": "x.db"}, cwd=tmp_path).location == str(tmp_path / "x.db")
+    assert redis.resolved(env={"HYBRIDFLOW_STATE_PATH": "x.db"}, cwd=tmp_path).location == str(tmp_path / "x.db")
     with pytest.raises(ValueError, match="redis_url"):
         StateConfig(redis_url="http://cache")
 

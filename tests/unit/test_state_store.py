@@ -623,13 +623,13 @@ def test_state_config_defaults_and_resolution(tmp_path):
 
 def test_sc_state_path_overrides_the_config(tmp_path):
     config = StateConfig(path="config.db")
-    assert config.resolved(env={"SC_STATE_PATH": "env.db"}, cwd=tmp_path).path == str(tmp_path / "env.db")
-    assert config.resolved(env={"SC_STATE_PATH": str(tmp_path / "abs.db")}, cwd="/elsewhere").path == str(
+    assert config.resolved(env={"HYBRIDFLOW_STATE_PATH": "env.db"}, cwd=tmp_path).path == str(tmp_path / "env.db")
+    assert config.resolved(env={"HYBRIDFLOW_STATE_PATH": str(tmp_path / "abs.db")}, cwd="/elsewhere").path == str(
         tmp_path / "abs.db"
     )
-    assert config.resolved(env={"SC_STATE_PATH": ":memory:"}).path is None
-    assert config.resolved(env={"SC_STATE_PATH": ""}, cwd=tmp_path).path == str(tmp_path / "config.db")
-    assert StateConfig(path=None).resolved(env={"SC_STATE_PATH": "redis://h:1/0"}).path == "redis://h:1/0"
+    assert config.resolved(env={"HYBRIDFLOW_STATE_PATH": ":memory:"}).path is None
+    assert config.resolved(env={"HYBRIDFLOW_STATE_PATH": ""}, cwd=tmp_path).path == str(tmp_path / "config.db")
+    assert StateConfig(path=None).resolved(env={"HYBRIDFLOW_STATE_PATH": "redis://h:1/0"}).path == "redis://h:1/0"
 
 
 def test_state_config_rejects_unknown_and_bad_fields():
