@@ -313,12 +313,6 @@ class GroupDurability:
         """The record of a submitted call, written once every rank applied it."""
         return PendingRecord(entry.seq, entry.method, call, request.idempotency_key, request.fingerprint)
 
-    def prepare(
-        self, entry: Entry, args: Sequence[Any], kwargs: Mapping[str, Any], request: CallRequest
-    ) -> PendingRecord:
-        """:meth:`encode` and :meth:`pending` at once, on the calling thread."""
-        return self.pending(entry, encode_call(entry.method, args, kwargs), request)
-
     async def record(self, record: PendingRecord, result: CallResult) -> None:
         """Write an applied call (and its answer, under its Idempotency-Key) before it is
         acknowledged. Raises whatever the store raised: the call is then not durable."""
@@ -375,9 +369,6 @@ class GroupDurability:
         """Count an acknowledged call; every ``snapshot_every`` of them, take a snapshot."""
         self.snapshots.acknowledged(member)
 
-    async def snapshot_settled(self) -> None:
-        """Wait for a snapshot being taken (tests and benchmarks)."""
-        await self.snapshots.settled()
 
 
 def _snapshot_or_restore_point(data: bytes) -> tuple[list[Any] | None, tuple[str, tuple, dict] | None]:

@@ -7,14 +7,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class TensorJSON(BaseModel):
-    """A tensor in the Open Inference Protocol's vocabulary; ``data`` is flat, row-major."""
-
-    datatype: str = Field(..., examples=["FP32"], description="BOOL, UINT8, INT8..INT64, FP16, BF16, FP32, FP64")
-    shape: list[int] = Field(..., examples=[[1]])
-    data: list[Any] = Field(..., examples=[[1.0]])
-
-
 class CallBody(BaseModel):
     """The JSON body of a call (the controller's message is ``control.contract.CallRequest``):
     positional and keyword arguments of a worker-group method call. A value may be a
