@@ -5,7 +5,7 @@
 #   curl http://127.0.0.1:8000/readyz
 #
 # Ray keeps its object store in /dev/shm: give the container more than Docker's 64 MiB
-# default (--shm-size). Set SC_AUTH_TOKEN to require a bearer token on every route but
+# default (--shm-size). Set HYBRIDFLOW_TOKEN to require a bearer token on every route but
 # the health checks.
 #
 # Build args (GPU variant and offline builds: deploy/README.md):
@@ -32,22 +32,25 @@ RUN python3 -m venv /opt/venv \
     && pip install --no-deps --index-url "${TORCH_INDEX_URL}" torch==2.13.0
 
 WORKDIR /src
-# The base list plus the `server` extra where pyproject.toml has one; this stage (the
-# bulk of the image) is rebuilt only when pyproject.toml or the constraints change.
+# The base list plus the `server` extra where pyproject.toml has one, less this project's
+# own distributions (hybridflow-client, the wire formats, is built from ./hybridflow-client
+# below); this stage (the bulk of the image) is rebuilt only when pyproject.toml or the
+# constraints change.
 COPY pyproject.toml constraints.txt ./
 RUN python3 -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 reqs = p['dependencies'] + p.get('optional-dependencies', {}).get('server', []); \
-print('\n'.join(r for r in reqs if not r.startswith(p['name'])))" > /tmp/requirements.txt \
+print('\n'.join(r for r in reqs if not r.startswith((p['name'], 'hybridflow-client'))))" > /tmp/requirements.txt \
     && pip install -c constraints.txt -r /tmp/requirements.txt
 
 # --- app: the app as a wheel, checked against the dependencies ---------------------------
 FROM deps AS app
 
 COPY . .
+# The app and the client distribution it depends on (its wire formats) as wheels.
 # pyproject.toml is the authority on what the app needs; pip check fails the build if
 # anything is missing.
-RUN pip wheel --no-deps --wheel-dir /wheels . \
-    && pip install -c constraints.txt "$(ls /wheels/*.whl)" \
+RUN pip wheel --no-deps --wheel-dir /wheels ./hybridflow-client . \
+    && pip install -c constraints.txt /wheels/*.whl \
     && pip check
 
 # --- the image: the virtual environment, the app and the config, run unprivileged --------

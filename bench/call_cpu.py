@@ -3,15 +3,15 @@
 
     python -m bench.call_cpu [--seconds 10] [--clients 8]   (writes bench/results/call_cpu.json)
 
-Each process's CPU seconds are read from /proc before and after calls made for a while at a
-fixed concurrency, and divided by the number of calls. On a machine whose cores are the limit,
+Each process's CPU seconds are read from /proc at the start and end of a window of calls at
+a fixed concurrency (``bench.load_generator``: its own CPU is not among them), and divided
+by the number of calls. On a machine whose cores are the limit,
 requests/s is cores over the total, and the rows say which process spends it.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
@@ -22,7 +22,7 @@ from typing import Any
 
 from bench.cold_start import _processes
 from bench.hops import small_config
-from bench.http_figures import post_concurrently
+from bench.load_generator import Load, run_load
 from tests.serve_process import ROOT, ServeProcess
 
 CALLS = {
@@ -41,10 +41,11 @@ def cpu_by_title(session: int) -> dict[str, float]:
 
 def measure(proc: ServeProcess, path: str, body: dict, clients: int, seconds: float) -> dict[str, Any]:
     session = proc.proc.pid
-    asyncio.run(post_concurrently(proc.url, path, body, clients, seconds / 5))  # warm up
-    before = cpu_by_title(session)
-    calls, took = asyncio.run(post_concurrently(proc.url, path, body, clients, seconds))
-    after = cpu_by_title(session)
+    readings: list[dict[str, float]] = []
+    load = Load.of_json(proc.url, path, body, concurrency=clients, warmup_s=seconds / 5, window_s=seconds)
+    result = run_load(load, lambda: readings.append(cpu_by_title(session)), lambda: readings.append(cpu_by_title(session)))
+    before, after = readings
+    calls = max(result.requests, 1)
     per_call = {
         title: (cpu - before.get(title, 0.0)) / calls * 1e3
         for title, cpu in after.items()
@@ -52,10 +53,11 @@ def measure(proc: ServeProcess, path: str, body: dict, clients: int, seconds: fl
     }
     rows = dict(sorted(per_call.items(), key=lambda item: -item[1]))
     return {
-        "calls": calls,
-        "calls_per_s": calls / took,
+        "calls": result.requests,
+        "calls_per_s": result.rps,
         "cpu_ms_per_call": sum(rows.values()),
         "cpu_ms_per_call_by_process": {title: round(ms, 3) for title, ms in rows.items() if ms >= 0.05},
+        "load_generator_cpu_ms_per_call": result.client_cpu_total_s / calls * 1e3,
     }
 
 

@@ -8,6 +8,11 @@ wall time, and the kinds say where the CPU goes (Ray's own processes, Serve's, t
 controller replicas, the group workers). ``make bench`` takes the same measure of the
 shipped config's start (:func:`measured_start`) and of its floor's script
 (:func:`measured_run`), and reports it by kind (:func:`cpu_figures`).
+
+The same reading of a session's processes (:func:`command_lines`) serves the CPU per
+request of a target under load (``bench.request_cpu``), where a process is told by its
+role on a request's path instead (:func:`role_of`: proxy, ingress replica, controllers,
+the layer's ranks, Ray's daemons, a floor's app and actor, the load generator).
 """
 
 from __future__ import annotations
@@ -37,8 +42,8 @@ def cpu_seconds(stat: str) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def _processes(session: int) -> dict[int, tuple[str, str, float]]:
-    """``{pid: (kind, title, cpu seconds)}`` of the processes in the session ``session``."""
+def command_lines(session: int) -> dict[int, tuple[str, float]]:
+    """``{pid: (command line, cpu seconds)}`` of the processes in the session ``session``."""
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -51,10 +56,32 @@ def _processes(session: int) -> dict[int, tuple[str, str, float]]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except (OSError, ProcessLookupError):
             continue
-        cpu = cpu_seconds(stat)
-        cmdline = cmdline.strip()
-        found[pid] = (kind_of(cmdline), cmdline.split()[0] if cmdline.startswith("ray::") else cmdline[:60], cpu)
+        found[pid] = (cmdline.strip(), cpu_seconds(stat))
     return found
+
+
+def title_of(cmdline: str) -> str:
+    """A process's short name: ``ray::<actor or task>`` for a Ray worker; for a Python
+    process the module it runs (``-m``) or its script's file name; else its executable's
+    file name."""
+    words = cmdline.split()
+    if not words:
+        return ""
+    if cmdline.startswith("ray::"):
+        return words[0]
+    if not Path(words[0]).name.startswith("python"):
+        return Path(words[0]).name
+    args = [w for w in words[1:] if w not in ("-u", "-B", "-O", "-s", "-E")]
+    if len(args) >= 2 and args[0] == "-m":
+        return args[1]
+    if args and args[0] == "-c":
+        return "python -c"
+    return Path(args[0]).name if args else Path(words[0]).name
+
+
+def _processes(session: int) -> dict[int, tuple[str, str, float]]:
+    """``{pid: (kind, title, cpu seconds)}`` of the processes in the session ``session``."""
+    return {pid: (kind_of(cmdline), title_of(cmdline), cpu) for pid, (cmdline, cpu) in command_lines(session).items()}
 
 
 #: Kinds of process, as :func:`kind_of` names them.
@@ -84,6 +111,61 @@ def kind_of(cmdline: str) -> str:
     if name == "IDLE":
         return IDLE
     return WORKERS
+
+
+#: Roles of a process on a request's path, as :func:`role_of` names them: what the
+#: per-request CPU figures (``bench.request_cpu``) are split by.
+LOAD_GENERATOR = "load generator"
+PROXY = "proxy"
+INGRESS = "ingress replica"
+CONTROLLERS = "controllers"
+RANKS = "layer ranks"
+RAY_DAEMONS = "Ray's daemons"
+FLOOR_APP = "floor app"
+FLOOR_ACTOR = "floor actor"
+OTHER = "other processes"
+#: The hand-written floors' processes: their apps by module, their actors by class.
+FLOOR_APP_MODULES = ("bench.floor_app", "bench.infer_floor_app")
+FLOOR_ACTOR_CLASSES = ("FloorMLP",)
+_PROXY_ACTORS = ("ProxyActor", "HAProxyManager")
+_CONTROLLER_ACTORS = ("ServeController", "build_serve_application")
+_DAEMON_ACTORS = ("DashboardAgent", "RuntimeEnvAgent", "IDLE")
+
+
+def role_of(cmdline: str, rank_classes: tuple[str, ...] = ()) -> str:
+    """A process by its role on a request's path. ``rank_classes``: the worker classes whose
+    processes are the layer's ranks (their Ray title starts with the class's name). Serve's
+    replicas are ``ServeReplica:<app>:<deployment>``: the ``ingress`` deployment is the
+    ingress, the service's other deployments its controllers; Serve's own controller counts
+    with them. A process outside Ray (raylet, GCS, dashboard, ``serve run``) is one of Ray's
+    daemons, but for HAProxy (the proxy), a floor app and the load generator."""
+    if not cmdline.startswith("ray::"):
+        words = cmdline.split()
+        if "bench.load_generator" in words:
+            return LOAD_GENERATOR
+        if any(module in words for module in FLOOR_APP_MODULES):
+            return FLOOR_APP
+        if words and Path(words[0]).name == "haproxy":
+            return PROXY
+        return RAY_DAEMONS
+    name = cmdline.split()[0].removeprefix("ray::")
+    if name.startswith(FLOOR_ACTOR_CLASSES):
+        return FLOOR_ACTOR
+    if rank_classes and name.startswith(tuple(rank_classes)):
+        return RANKS
+    if name.startswith(_PROXY_ACTORS):
+        return PROXY
+    if name.startswith(_CONTROLLER_ACTORS):
+        return CONTROLLERS
+    if name.startswith(_DAEMON_ACTORS):
+        return RAY_DAEMONS
+    if name.startswith("ServeReplica:"):
+        parts = name.split(":")
+        if len(parts) >= 3 and parts[2].split(".")[0] == "ingress":
+            return INGRESS
+        if parts[1] == "hybridflow":
+            return CONTROLLERS
+    return OTHER
 
 
 Seen = tuple[str, str, float]  # (kind, title, CPU seconds) of a process

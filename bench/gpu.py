@@ -1,7 +1,7 @@
 """The tp MLP layer and the batched ``infer`` path on a GPU, against the card's own peak.
 
     python -m bench.gpu layer              # megatron layer forward, TFLOP/s per dtype and size
-    python -m bench.gpu infer              # serve run on the GPU: /v2/models/mlp/infer batched vs not
+    python -m bench.gpu infer              # serve run on the GPU against hand-written floors
     python -m bench.gpu layer infer --quick
 
 ``layer`` needs no Ray: one process, world size 1 (nccl on a GPU, gloo on a CPU), builds
@@ -16,8 +16,14 @@ tp=4 layer (``ffn / 4``, no all-reduce) is timed too: what each of four GPUs wou
 A single GPU cannot hold a tp=4 NCCL group (NCCL refuses two ranks on one device), so
 ``infer`` serves the ``mlp`` model at tp=1 on the GPU: the path is the service's own
 (proxy, ingress, controller, batcher, group call, worker, GPU forward) with one rank.
-It runs ``bench.run``'s batching figure against it and checks each batched answer against
-the unbatched one.
+It measures it as ``bench.run`` does (``bench.floor_runs``), each target alone on the
+machine with the load generator: the hand-written floors (FastAPI + uvicorn over one Ray
+GPU actor holding the same layer, plain calls and a compiled graph), the service on
+HAProxy, the plain floor again, the service on Serve's proxy. Its targets
+(``GPU_TARGETS``): a lone unbatched request's p50 at most the plain app's, and batched
+requests/s at 64 clients at least the compiled-graph app's. It checks each batched answer
+against the unbatched one too. ``make bench-gpu`` (``layer infer``) takes under 6 minutes
+on a 16-CPU node.
 
 Writes bench/results/gpu.json (or ``--out``).
 """
@@ -39,6 +45,7 @@ import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HIDDEN, FFN = 4096, 11008
+PATHS = ("haproxy", "serve_proxy")
 
 #: Dense tensor-core (or, for fp32, CUDA-core) peaks from NVIDIA's datasheets, TFLOP/s.
 DATASHEET_TFLOPS = {
@@ -151,65 +158,100 @@ def gpu_serve_config() -> Path:
     document = yaml.safe_load(bench_config().read_text())
     app = document["applications"][0]
     app["args"]["state"] = {"path": None}
-    deployments = [d for d in app["args"]["deployments"] if d["name"] == "mlp"]
-    # the `mlp` group and its models alone (other groups of the deployment need more GPUs)
-    deployments[0]["groups"] = [g for g in deployments[0]["groups"] if g["name"] == "mlp"]
-    deployments[0]["models"] = [m for m in deployments[0].get("models", []) if m["group"] == "mlp"]
+    deployments = [d for d in app["args"]["deployments"] if d["name"] == "mlp"]  # at tp=1 already
     group = deployments[0]["groups"][0]
-    group.pop("weights_from", None)
     group["pool"] = {"process_on_nodes": [1], "use_gpu": torch.cuda.is_available()}
-    group["megatron"]["tensor_model_parallel_size"] = 1
-    for call in group.get("init_calls", []):
-        call["kwargs"]["config"]["tp"] = 1
     app["args"]["deployments"] = deployments
     path = RESULTS / "gpu_serve_config.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
 
 
+#: The GPU node's targets: ratios of ``bench.floor_runs.figures`` on each request path.
+GPU_TARGETS = {
+    "gpu_infer_p50_floor_ratio": ("lone unbatched infer p50 / the plain hand-written app's", "infer_lone_p50_ms_vs_plain",
+                                  1.0, "max"),
+    "gpu_batched_rps_floor_ratio": ("batched mlp requests/s at 64 clients / the compiled-graph app's",
+                                    "infer_batched_rps_64_vs_compiled", 1.0, "min"),
+}
+
+
+def gpu_targets(infer: dict[str, Any]) -> dict[str, Any]:
+    """The targets' figures (``<target>_<path>``) and a ``targets`` record as ``bench.run``
+    writes one."""
+    out: dict[str, Any] = {}
+    targets = {}
+    for name, (label, source, goal, kind) in GPU_TARGETS.items():
+        for path in PATHS:
+            value = infer.get(f"{source}_{path}")
+            if value is None:
+                continue
+            key = f"{name}_{path}"
+            out[key] = value
+            met = value <= goal if kind == "max" else value >= goal
+            targets[key] = {"label": f"{label}, {path}", "target": goal, "value": value, "met": met,
+                            "sign": "<=" if kind == "max" else ">="}
+    out["targets"] = targets
+    return out
+
+
+def gpu_settings(quick: bool) -> Any:
+    """The load generator's settings on a GPU node: a request takes milliseconds, so short
+    windows hold thousands of requests (and the run fits its 6 minutes)."""
+    from bench.floor_runs import Settings
+
+    if quick:
+        return Settings(Settings.for_run(True).processes, lone_s=2.0, window_s=3.0, warmup_s=1.0, idle_s=1.0)
+    return Settings(Settings.for_run(False).processes, lone_s=3.0, window_s=4.0, warmup_s=1.0, idle_s=2.0)
+
+
 def bench_infer(quick: bool) -> dict[str, Any]:
-    """The batching figure of ``bench.run`` on the GPU-served layer, and the largest relative
-    difference between a batched answer and the same request unbatched."""
+    """The served layer on the GPU against the hand-written floors, each run alone, on both
+    request paths (``bench.http_figures.served_against_floors``), with the batching figures;
+    and, on the HAProxy run, the largest relative difference between a batched answer and
+    the same request unbatched, and where a lone request's time goes."""
+    from bench.http_figures import served_against_floors
+
+    out = served_against_floors(quick, extra=lambda proc, settings: gpu_service_checks(proc), config=gpu_serve_config(),
+                                add=False, settings=gpu_settings(quick))
+    out["cold_start_s"] = out["served_runs"]["services"]["haproxy"]["start_s"]
+    out.update(gpu_targets(out))
+    return out
+
+
+def gpu_service_checks(proc: Any) -> dict[str, Any]:
     import httpx
     import numpy as np
 
-    from bench.http_figures import BATCH_CLIENTS, BATCH_SHAPE, bench_batching, oip_body
-    from tests.serve_process import ServeProcess
+    from bench.http_figures import BATCH_CLIENTS, BATCH_SHAPE, oip_body
 
-    proc = ServeProcess(config=gpu_serve_config())
-    started = time.perf_counter()
-    proc.start(timeout_s=600, ready_path="/readyz")
-    out: dict[str, Any] = {"cold_start_s": time.perf_counter() - started}
-    try:
-        out.update(bench_batching(proc.url, quick))
+    out: dict[str, Any] = {}
 
-        async def compare() -> float:
-            xs = [torch.rand(*BATCH_SHAPE) for _ in range(BATCH_CLIENTS)]
-            async with httpx.AsyncClient(base_url=proc.url, timeout=300) as client:
+    async def compare() -> float:
+        xs = [torch.rand(*BATCH_SHAPE) for _ in range(BATCH_CLIENTS)]
+        async with httpx.AsyncClient(base_url=proc.url, timeout=300) as client:
 
-                async def infer(model: str, x: torch.Tensor) -> np.ndarray:
-                    body, headers = oip_body("x", x, binary_output=False)
-                    response = await client.post(f"/v2/models/{model}/infer", content=body, headers=headers)
-                    response.raise_for_status()
-                    (output,) = response.json()["outputs"]
-                    return np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
+            async def infer(model: str, x: torch.Tensor) -> np.ndarray:
+                body, headers = oip_body("x", x, binary_output=False)
+                response = await client.post(f"/v2/models/{model}/infer", content=body, headers=headers)
+                response.raise_for_status()
+                (output,) = response.json()["outputs"]
+                return np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
 
-                batched = await asyncio.gather(*(infer("mlp", x) for x in xs))
-                alone = [await infer("mlp_unbatched", x) for x in xs]
-            return max(float(np.linalg.norm(b - a) / np.linalg.norm(a)) for b, a in zip(batched, alone, strict=True))
+            batched = await asyncio.gather(*(infer("mlp", x) for x in xs))
+            alone = [await infer("mlp_unbatched", x) for x in xs]
+        return max(float(np.linalg.norm(b - a) / np.linalg.norm(a)) for b, a in zip(batched, alone, strict=True))
 
-        out["batched_vs_unbatched_max_rel_err"] = asyncio.run(compare())
-        # Where a lone request's milliseconds go: the ingress replica's own time (its access
-        # log) and the ranks' forward (Ray's timeline), beside what the client saw.
-        from bench.hops import breakdown
+    out["batched_vs_unbatched_max_rel_err"] = asyncio.run(compare())
+    # Where a lone request's milliseconds go: the ingress replica's own time (its access
+    # log) and the ranks' forward (Ray's timeline), beside what the client saw.
+    from bench.hops import breakdown
 
-        body, headers = oip_body("x", torch.rand(*BATCH_SHAPE), binary_output=True)
-        with httpx.Client(base_url=proc.url, timeout=300) as http:
-            out["lone_request_hops"] = breakdown(proc, http, "/v2/models/mlp_unbatched/infer", body,
-                                                 {"ingress": "hybridflow_ingress"}, "run_layer", 50, headers=headers,
-                                                 ranks=1)
-    finally:
-        proc.kill()
+    body, headers = oip_body("x", torch.rand(*BATCH_SHAPE), binary_output=True)
+    with httpx.Client(base_url=proc.url, timeout=300) as http:
+        out["lone_request_hops"] = breakdown(proc, http, "/v2/models/mlp_unbatched/infer", body,
+                                             {"ingress": "hybridflow_ingress"}, "run_layer", 50, headers=headers,
+                                             ranks=1)
     return out
 
 
@@ -228,12 +270,14 @@ def main(argv: list[str] | None = None) -> int:
                     "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
     }
     options.out.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
     if "layer" in options.parts:
         shapes = [(8, 2), (8, 32)] + ([] if quick else [(512, 4), (2048, 4), (4096, 8)])
         results["layer"] = bench_layer(shapes, min_seconds=0.2 if quick else 1.0, peak_n=2048 if quick else 8192)
         options.out.write_text(json.dumps(results, indent=2) + "\n")  # kept should infer fail
     if "infer" in options.parts:
         results["infer"] = bench_infer(quick)
+        results["targets"] = results["infer"].pop("targets")
     if "layer" in options.parts and "infer" in options.parts:
         # A lone request against the forward it runs: what the served path adds on the GPU.
         fp32 = results["layer"]["precisions"]["fp32"]["forwards"]
@@ -244,8 +288,14 @@ def main(argv: list[str] | None = None) -> int:
             "added_ms": results["infer"]["batching_single_p50_unbatched_ms"] - forward_ms,
             "batched_over_unbatched_rps_16": results["infer"]["batching_rps_ratio"],
         }
+    results["bench_seconds"] = time.perf_counter() - started
     options.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    print(json.dumps({k: v for k, v in results.items() if k != "infer"}, indent=2))
+    infer = results.get("infer", {})
+    print(json.dumps({k: v for k, v in infer.items() if k != "served_runs"}, indent=1))
+    for entry in results.get("targets", {}).values():
+        print(f"{entry['label']:70s} {entry['value']:8.3f}  target {entry['sign']} {entry['target']}  "
+              f"{'met' if entry['met'] else 'MISSED'}")
     return 0
 
 

@@ -118,6 +118,7 @@ def bench_library(quick: bool) -> dict[str, Any]:
         out.update(bench_batching_bound(layer))
         out["megatron_compute_dp_size"] = layer.dp_size
         layer.shutdown()
+        out.update(bench_transports(pool, Member, n))
         out.update(bench_compiled_idle(pool, Member))  # last: it leaves prestarted idle workers
         pool.remove()
     finally:
@@ -172,6 +173,45 @@ def bench_batching_bound(layer: Any) -> dict[str, float]:
         "layer_forward_full_batch_ms": full_s * 1e3,
         "batching_forward_bound": lone_s * BATCH_CLIENTS / full_s,
     }
+
+
+def bench_transports(pool: Any, worker_cls: Any, n: int) -> dict[str, float | None]:
+    """The controller's two transports to a group's ranks (``transport: tasks`` and
+    ``compiled``), as it uses them from its event loop: a ONE_TO_ALL call's p50 over a Ray
+    task per rank and over the group's compiled graph (``GraphChannel``), in alternating
+    rounds, and the cores the ranks keep busy while idle with each."""
+    from hybridflow.control.supervisor import as_asyncio
+    from single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
+
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(cls=worker_cls))
+    try:
+        pids = [info["pid"] for info in group.rank_info()]
+        out: dict[str, float | None] = {"transport_tasks_idle_cores": idle_cores(pids)}
+        channel = group.graph_channel()
+
+        async def call(caller: Any) -> Any:
+            pending = caller.submit("m", (1,))
+            return pending.collect(await asyncio.gather(*as_asyncio(pending.futures)))
+
+        async def measure() -> tuple[list[float], list[float]]:
+            tasks_s, compiled_s = [], []
+            for _ in range(5):
+                for caller, samples in ((group, tasks_s), (channel, compiled_s)):
+                    for i in range(n // 5 + 2):
+                        start = time.perf_counter()
+                        await call(caller)
+                        if i >= 2:  # the first two warm the path
+                            samples.append(time.perf_counter() - start)
+            return tasks_s, compiled_s
+
+        tasks_s, compiled_s = asyncio.run(measure())
+        out["transport_compiled_idle_cores"] = idle_cores(pids)
+        channel.teardown()
+        out.update(transport_tasks_p50_ms=p50(tasks_s) * 1e3, transport_compiled_p50_ms=p50(compiled_s) * 1e3,
+                   transport_compiled_over_tasks=p50(compiled_s) / p50(tasks_s))
+        return out
+    finally:
+        group.shutdown()
 
 
 def bench_loop_vs_thread(group: Any, n: int) -> dict[str, float]:

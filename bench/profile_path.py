@@ -38,7 +38,8 @@ INFER = "/v2/models/mlp_unbatched/infer"
 #: Parts of the path, by the file a frame is in (first match wins).
 PARTS = [
     ("hybridflow/http/", "hybridflow.http (routes, bodies, answers)"),
-    ("hybridflow/wire/", "hybridflow.wire (tensor codecs)"),
+    ("hybridflow_client/wire/", "hybridflow_client.wire (tensor codecs)"),
+    ("hybridflow/wire/", "hybridflow.wire (torch tensors and batches of decoded values)"),
     ("hybridflow/control/", "hybridflow.control (controller, journal, metrics)"),
     ("hybridflow/state/", "hybridflow.state (store, codec)"),
     ("hybridflow/serve/", "hybridflow.serve (deployments)"),

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from bench.report_floors import described as floors_described
+from bench.report_floors import floors_lines
+from bench.report_format import number, show, table
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -33,7 +36,7 @@ PAGE = ROOT / "docs" / "benchmarks.md"
 COMMAND = "python -m bench.report bench/results/latest.json"
 
 #: Keys of a results file that describe the run rather than measure anything.
-META = frozenset({"quick", "machine", "when", "bench_seconds", "targets"})
+META = frozenset({"quick", "machine", "when", "bench_seconds", "bench_part_seconds", "targets"})
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class Section:
 
 
 F = Figure
+#: The section the served-against-floors tables (``bench.report_floors``) follow.
+FLOORS_TITLE = "The service against hand-written floors, each run alone"
 SECTIONS = (
     Section(
         "The library: worker-group calls (no HTTP)",
@@ -77,6 +82,11 @@ SECTIONS = (
               ("tensor_return_out_of_band_p50_ms", "tensor_return_p50_ms"), "lower"),
             F("compiled_idle_cores", "cores the 4 ranks of an idle compiled graph keep busy (after "
               "`teardown()`: `plain_idle_cores`)", ("plain_idle_cores",), "lower"),
+            F("transport_compiled_over_tasks", "the controller's transports from its event loop: a ONE_TO_ALL "
+              "call over the group's compiled graph (`transport: compiled`) vs a Ray task per rank "
+              "(`tasks`), p50; the cores the 4 idle ranks keep busy with each",
+              ("transport_compiled_p50_ms", "transport_tasks_p50_ms", "transport_compiled_idle_cores",
+               "transport_tasks_idle_cores"), "lower"),
         ),
     ),
     Section(
@@ -119,12 +129,7 @@ SECTIONS = (
               "higher"),
             F("cold_start_ratio", "cold start of `serve run serve_config.yaml` (until `/readyz`) vs a no-op "
               "Serve app", ("cold_start_service_s", "cold_start_noop_s", "service_worker_processes"), "lower"),
-            F("add8_floor_ratio", "HTTP ONE_TO_ALL `add` on 8 ranks vs a hand-written FastAPI app driving the "
-              "same worker class and ranks (`bench/floor_app.py`), p50",
-              ("add8_p50_ms", "floor_add8_p50_ms", "floor_ranks", "floor_worker"), "lower"),
-            F("rps_floor_ratio", "the same `add`'s requests/s at 32 clients vs the hand-written app's",
-              ("rps_add8_32", "rps_floor_32"), "higher"),
-            F("cold_start_floor_ratio", "cold start vs one script starting the same worker processes with the "
+            F("cold_start_floor_ratio", "cold start (reported beside its floor, no target) vs one script starting the same worker processes with the "
               "same imports (megatron.core in a Megatron rank); the service's milestones, from Ray's timeline "
               "(`bench/start_timeline.py`): a first rank starts its `__init__`, every rank is up, the ranks' "
               "setup calls (Megatron, `init_model`) have returned",
@@ -139,6 +144,54 @@ SECTIONS = (
               ("cold_start_cpu_s", "cold_start_floor_cpu_s", "cold_start_cpu_ray_s", "cold_start_cpu_serve_s",
                "cold_start_cpu_replicas_s", "cold_start_cpu_workers_s", "cold_start_floor_cpu_workers_s",
                "cold_start_machine_busy_fraction"), "lower"),
+        ),
+    ),
+    Section(
+        FLOORS_TITLE,
+        "Each target runs alone on the machine, as a user would run it instead of the other: the hand-written "
+        "floors (`bench/floor_app.py`: FastAPI + uvicorn over the 8 ranks of the `add`'s worker class; "
+        "`bench/infer_floor_app.py`: FastAPI + uvicorn over one Ray actor holding a Llama MLP of the served "
+        "layer's size, plain calls or a compiled graph), then the service (`serve_config.yaml` with the `mlp` "
+        "layer at tp=1) on `make serve`'s path (HAProxy), the floors again, the service on a plain `serve run` "
+        "(Serve's proxy). A floor's figure is its mean over its runs. Every figure comes from the load "
+        "generator; the CPU figures are read from /proc (`bench/request_cpu.py`).",
+        (
+            F("add_p50_floor_ratio_haproxy", "HTTP ONE_TO_ALL `add` on 8 ranks (`gpu_accumulator_decorator`), a "
+              "lone client's p50, on HAProxy vs the hand-written app over the same worker class and ranks",
+              ("add_lone_p50_ms_haproxy", "add_lone_p99_ms_haproxy", "add_floor_lone_p50_ms", "add_floor_lone_p99_ms",
+               "add_floor_runs"), "lower"),
+            F("add_p50_floor_ratio_serve_proxy", "the same on Serve's proxy",
+              ("add_lone_p50_ms_serve_proxy", "add_lone_p99_ms_serve_proxy", "add_floor_lone_p50_ms",
+               "add_floor_lone_p99_ms"), "lower"),
+            F("add_rps_floor_ratio_haproxy", "the same `add`'s requests/s at 32 clients, HAProxy vs the floor",
+              ("add_rps_32_haproxy", "add_floor_rps_32"), "higher"),
+            F("add_rps_floor_ratio_serve_proxy", "the same on Serve's proxy",
+              ("add_rps_32_serve_proxy", "add_floor_rps_32"), "higher"),
+            F("infer_path_cpu_ratio_haproxy", "unbatched `mlp` infer at tp=1 (`[8, 2, 4096]` FP32 binary, 16 "
+              "clients), HAProxy: CPU ms per request of every process but the layer's ranks vs the plain floor's "
+              "(its app process and Ray's daemons); the ingress replica's share beside the app process's",
+              ("infer_path_cpu_ms_haproxy", "infer_floor_plain_path_cpu_ms", "infer_front_cpu_ms_haproxy",
+               "infer_floor_plain_front_cpu_ms", "infer_proxy_cpu_ms_haproxy", "infer_controllers_cpu_ms_haproxy",
+               "infer_ray_daemons_cpu_ms_haproxy", "infer_floor_plain_ray_daemons_cpu_ms"), "lower"),
+            F("infer_path_cpu_ratio_serve_proxy", "the same on Serve's proxy",
+              ("infer_path_cpu_ms_serve_proxy", "infer_floor_plain_path_cpu_ms", "infer_front_cpu_ms_serve_proxy",
+               "infer_floor_plain_front_cpu_ms", "infer_proxy_cpu_ms_serve_proxy",
+               "infer_controllers_cpu_ms_serve_proxy", "infer_ray_daemons_cpu_ms_serve_proxy"), "lower"),
+            F("infer_rank_cpu_ratio_haproxy", "the same requests: CPU ms per request of the layer's rank vs the "
+              "floor's actor", ("infer_layer_cpu_ms_haproxy", "infer_floor_plain_layer_cpu_ms"), "lower"),
+            F("infer_rank_cpu_ratio_serve_proxy", "the same on Serve's proxy",
+              ("infer_layer_cpu_ms_serve_proxy", "infer_floor_plain_layer_cpu_ms"), "lower"),
+            F("infer_batched_cpu_ratio_haproxy", "batched `mlp` at 16 clients: the whole machine's CPU ms per "
+              "request (the load generator's CPU and the idle rate left out) vs the plain floor's; beside it the "
+              "sum of the target's own processes (which other work on the machine does not reach)",
+              ("infer_batched_cpu_ms_16_haproxy", "infer_floor_plain_cpu_ms_16", "infer_cpu_ms_16_haproxy",
+               "infer_batched_processes_cpu_ms_haproxy", "infer_floor_plain_processes_cpu_ms"), "lower"),
+            F("infer_batched_cpu_ratio_serve_proxy", "the same on Serve's proxy",
+              ("infer_batched_cpu_ms_16_serve_proxy", "infer_floor_plain_cpu_ms_16", "infer_cpu_ms_16_serve_proxy",
+               "infer_batched_processes_cpu_ms_serve_proxy", "infer_floor_plain_processes_cpu_ms"), "lower"),
+            F("client_scaling_ratio", "a floor's requests/s with twice the client processes vs with the "
+              "bench's (near 1.0: the load generator is not what is measured)",
+              ("client_scaling_target", "client_scaling_processes", "client_scaling_rps"), None),
         ),
     ),
     Section(
@@ -180,63 +233,13 @@ SECTIONS = (
         "binary OIP, windows interleaved.",
         (
             F("batching_rps_ratio", "requests/s at `batching_clients` clients: batched vs unbatched",
-              ("batching_rps", "batching_rps_unbatched", "batching_mean_batch_size", "batching_clients",
-               "batching_shape", "batching_max_batch_size"), "higher"),
+              ("batching_rps", "batching_rps_unbatched", "batching_clients", "batching_shape",
+               "batching_max_batch_size"), "higher"),
             F("batching_latency_ratio", "one client's p50: batched vs unbatched plus the longest wait",
-              ("batching_single_p50_ms", "batching_single_p50_unbatched_ms", "batching_max_wait_ms",
-               "batching_single_paired_added_ms"), "lower"),
+              ("batching_single_p50_ms", "batching_single_p50_unbatched_ms", "batching_max_wait_ms"), "lower"),
         ),
     ),
 )
-
-#: Units read from a key's ending.
-UNITS = (("_ms", "ms"), ("_s", "s"), ("_MBps", "MB/s"), ("_cores", "cores"), ("_ratio", "x"),
-         ("_over_thread", "x"), ("_over_http", "x"), ("_ratio_to_raw", "x"), ("_bound", "x"), ("_mib", "MiB"))
-
-
-def unit_of(key: str) -> str:
-    for ending, unit in UNITS:
-        if key.endswith(ending):
-            return unit
-    return ""
-
-
-def number(value: float) -> str:
-    """Three significant figures at most, no exponent for everyday sizes."""
-    if value == 0 or not math.isfinite(value):
-        return str(value)
-    size = abs(value)
-    if size >= 100:
-        return f"{value:,.0f}"
-    if size >= 10:
-        return f"{value:.1f}"
-    if size >= 1:
-        return f"{value:.2f}"
-    if size >= 0.01:
-        return f"{value:.3f}"
-    return f"{value:.2e}"
-
-
-def show(key: str, value: Any) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, (int, float)):
-        unit = unit_of(key)
-        text = str(value) if isinstance(value, int) else number(value)
-        return f"{text}{unit}" if unit == "x" else f"{text} {unit}".rstrip()
-    if isinstance(value, list):
-        return "[" + ", ".join(show("", v) for v in value) + "]"
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> list[str]:
-    header = list(header)
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
-
 
 def target_of(key: str, results: Mapping[str, Any], better: str | None) -> str:
     """``<= 1.15 (met)``, from the target the run recorded for the figure, if any."""
@@ -331,7 +334,7 @@ def call_cpu_lines(calls: Mapping[str, Any]) -> list[str]:
 
 def gpu_lines(name: str, gpu: Mapping[str, Any]) -> list[str]:
     machine = gpu.get("machine") or {}
-    parts = [str(machine["cuda"])] if "cuda" in machine else []
+    parts = [str(machine["cuda"])] if machine.get("cuda") else []
     parts += [f"{machine['cpus']} CPUs"] if "cpus" in machine else []
     parts += [f"torch {machine['torch']}"] if "torch" in machine else []
     where = f" on {', '.join(parts)}" if parts else ""
@@ -354,8 +357,18 @@ def gpu_lines(name: str, gpu: Mapping[str, Any]) -> list[str]:
                           "peak TFLOP/s"), rows)]
     infer = gpu.get("infer")
     if isinstance(infer, Mapping):
-        lines += ["", "The batched `infer` path served on the GPU (the `mlp` model at tp=1).", "",
-                  *table(("figure", "value"), ([f"`{k}`", show(k, v)] for k, v in infer.items()))]
+        targets = [[f"`{key}`", str(entry.get("label", "")), show(key, entry.get("value")),
+                    f"{entry.get('sign', '')} {show(key, entry.get('target'))} "
+                    f"({'met' if entry.get('met') else '**missed**'})"]
+                   for key, entry in (gpu.get("targets") or {}).items() if isinstance(entry, Mapping)]
+        if targets:
+            lines += ["", "The served layer (the `mlp` model at tp=1 on the GPU) against the hand-written floors, "
+                          "each run alone:", "", *table(("figure", "what it compares", "value", "target"), targets)]
+        lines += floors_lines(infer)
+        rest = [[f"`{k}`", show(k, v)] for k, v in infer.items() if not floors_described(k) and not isinstance(v, Mapping)]
+        if rest:
+            lines += ["", "The batched `infer` path served on the GPU (the `mlp` model at tp=1).", "",
+                      *table(("figure", "value"), rest)]
     return lines
 
 
@@ -417,7 +430,10 @@ def render(results: Mapping[str, Any], page: Path, results_dir: Path | None = RE
         described: set[str] = set()
         for section in SECTIONS:
             lines += section_lines(section, results)
+            if section.title == FLOORS_TITLE:
+                lines += floors_lines(results)
             described |= {f.key for f in section.figures} | {k for f in section.figures for k in f.inputs}
+        described |= {key for key in results if floors_described(key)}
         lines += hops_lines(results.get("http_add_hops"), "Where an HTTP `add`'s time goes")
         described.add("http_add_hops")
         lines += other_lines(results, described)

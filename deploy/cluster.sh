@@ -17,7 +17,7 @@
 #   PORT         host port of the head's HTTP port 8000 (8000); HOST_IP the address it binds (127.0.0.1)
 #   HEAD_CPUS, WORKER_CPUS   logical CPUs each node offers Ray (2, 2)
 #   SHM_SIZE     /dev/shm of each container, Ray's object store (2g)
-#   SC_AUTH_TOKEN            passed to both nodes when set
+#   HYBRIDFLOW_TOKEN            passed to both nodes when set
 #   DASHBOARD_PORT           also publish the head's dashboard (8265) on this host port
 set -euo pipefail
 
@@ -37,7 +37,7 @@ STATE_VOLUME=$NAME-state
 APP_DIR=/home/hybridflow/app
 
 env_args=()
-if [[ -n "${SC_AUTH_TOKEN:-}" ]]; then env_args+=(-e "SC_AUTH_TOKEN=$SC_AUTH_TOKEN"); fi
+if [[ -n "${HYBRIDFLOW_TOKEN:-}" ]]; then env_args+=(-e "HYBRIDFLOW_TOKEN=$HYBRIDFLOW_TOKEN"); fi
 
 node_args=(--init --network "$NETWORK" --shm-size "$SHM_SIZE" -v "$STATE_VOLUME:$APP_DIR/.hybridflow"
            "${env_args[@]}")

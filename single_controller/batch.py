@@ -2,7 +2,11 @@
 or a :class:`tensordict.TensorDict`, whose first dimension is the sample dimension.
 
 These helpers are the only operations dispatch needs, the same for both kinds: split
-into equal chunks, concatenate back, pad so a batch divides, and drop the padding.
+into equal chunks, concatenate back, pad so a batch divides, and drop the padding. Each
+costs time and memory in proportion to the batch's bytes: a DataProto's columns are numpy
+arrays, and a TensorDict's jagged tensors and object columns go through
+:mod:`single_controller.tensordict_utils` (values and offsets, lists of values), never
+through a Python object per row.
 """
 
 from __future__ import annotations
@@ -89,12 +93,22 @@ def pad_batch(batch: Batch, multiple: int) -> tuple[Batch, int]:
     import torch  # a batch to pad means torch is loaded already
 
     index = torch.arange(pad) % n
+    if not is_dataproto(batch) and _has_row_entries(batch):
+        from single_controller.tensordict_utils import index_select_tensor_dict
+
+        return concat_batches([batch, index_select_tensor_dict(batch, index)]), pad
     return concat_batches([batch, batch[index]]), pad
 
 
 def unpad_batch(batch: Batch, pad: int) -> Batch:
     """Drop ``pad`` trailing rows added by :func:`pad_batch`."""
-    return batch if pad == 0 else batch[: batch_len(batch) - pad]
+    if pad == 0:
+        return batch
+    if not is_dataproto(batch) and _has_row_entries(batch):
+        from single_controller.tensordict_utils import unpad
+
+        return unpad(batch, pad)
+    return batch[: batch_len(batch) - pad]
 
 
 def _owns_its_storage(tensor: torch.Tensor) -> bool:
@@ -104,10 +118,30 @@ def _owns_its_storage(tensor: torch.Tensor) -> bool:
 def compact_tensordict(batch: TensorDictBase) -> TensorDictBase:
     """``batch`` with every tensor that views part of a larger storage copied into one
     of its own. Torch pickles a view with its whole storage, so a slice of a large batch
-    sent to a rank would carry every row; compacted, it carries only its own."""
-    if all(_owns_its_storage(t) for t in batch.values(include_nested=True, leaves_only=True)):
+    sent to a rank would carry every row; compacted, it carries only its own. Jagged
+    tensors and object columns are kept as they are (the helpers that split them give
+    parts of their own), and never walked row by row."""
+    from tensordict import TensorDict
+
+    if type(batch) is not TensorDict:  # another kind of TensorDict: its own walk
+        if all(_owns_its_storage(t) for t in batch.values(include_nested=True, leaves_only=True)):
+            return batch
+        return batch.apply(lambda t: t if _owns_its_storage(t) else t.clone())
+    entries = {key: batch.get(key) for key in batch.keys()}
+    compacted = {key: _compact(value) for key, value in entries.items()}
+    if all(compacted[key] is value for key, value in entries.items()):
         return batch
-    return batch.apply(lambda t: t if _owns_its_storage(t) else t.clone())
+    return TensorDict(compacted, batch_size=batch.batch_size, device=batch.device, names=batch.names)
+
+
+def _compact(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value if value.is_nested or _owns_its_storage(value) else value.clone()
+    if getattr(value, "_is_non_tensor", False):  # NonTensorData, object columns: no storage
+        return value
+    return compact_tensordict(value)
 
 
 def chunk_batch(batch: Batch, chunks: int) -> list[Batch]:
@@ -117,19 +151,23 @@ def chunk_batch(batch: Batch, chunks: int) -> list[Batch]:
     if chunks <= 0 or n % chunks:
         raise ValueError(f"a batch of {n} rows does not split into {chunks} equal chunks")
     size = n // chunks
-    if not is_dataproto(batch) and _has_jagged(batch):
+    if not is_dataproto(batch) and _has_row_entries(batch):
         from single_controller.tensordict_utils import chunk_tensordict
 
-        # Jagged tensors split row by row: torch cannot chunk those of 3 or more dims.
+        # torch cannot chunk jagged tensors of 3 or more dims, and tensordict would make
+        # an object column's members (a tensorclass per row): both split here instead.
         return [compact_tensordict(piece) for piece in chunk_tensordict(batch, chunks)]
     pieces = [batch[i * size : (i + 1) * size] for i in range(chunks)]
     return pieces if is_dataproto(batch) else [compact_tensordict(piece) for piece in pieces]
 
 
-def _has_jagged(batch: TensorDictBase) -> bool:
-    from single_controller.tensordict_utils import is_jagged
+def _has_row_entries(batch: TensorDictBase) -> bool:
+    """Whether a TensorDict holds jagged tensors or object columns (at its top level)."""
+    from tensordict import NonTensorStack
 
-    return any(is_jagged(batch.get(key)) for key in batch.keys())
+    from single_controller.jagged import is_jagged
+
+    return any(is_jagged(value) or isinstance(value, NonTensorStack) for value in map(batch.get, batch.keys()))
 
 
 def concat_batches(batches: Sequence[Batch]) -> Batch:
@@ -138,7 +176,7 @@ def concat_batches(batches: Sequence[Batch]) -> Batch:
         raise ValueError("nothing to concatenate")
     if is_dataproto(batches[0]):
         return type(batches[0]).concat(list(batches))
-    if _has_jagged(batches[0]):
+    if _has_row_entries(batches[0]):
         from single_controller.tensordict_utils import concat_tensordict
 
         return concat_tensordict(list(batches))

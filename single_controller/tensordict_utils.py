@@ -5,9 +5,12 @@ jagged nested tensors (``torch.nested`` with ``layout=torch.jagged``: rows of di
 lengths, e.g. token ids) and Python objects (a ``NonTensorStack``, one item per row);
 for the whole batch, metadata (``NonTensorData``). Build one with :func:`get_tensordict`.
 
-Splitting, concatenating and selecting rows go through jagged tensors' rows (``unbind``)
-where torch cannot do it on the nested tensor itself (three or more dimensions), so
-every helper here takes every kind of entry. Bad input raises ``ValueError``.
+Splitting, concatenating and selecting rows take every kind of entry, each at a cost in
+proportion to its bytes: jagged tensors through their values and offsets
+(:mod:`single_controller.jagged`), object columns through their list of values
+(:mod:`single_controller.object_column`: an object column is built as an
+:class:`ObjectColumn`, which makes no tensorclass per row until one is asked for), the
+other tensors with torch. Bad input raises ``ValueError``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,24 @@ from typing import Any
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 
+from single_controller.jagged import (
+    concat_jagged,
+    is_jagged,
+    jagged_from_parts,
+    jagged_parts,
+    select_jagged,
+    slice_jagged,
+    split_jagged,
+)
+from single_controller.object_column import (
+    ObjectColumn,
+    concat_columns,
+    select_column,
+    slice_column,
+)
+
 __all__ = [
+    "ObjectColumn",
     "assign_non_tensor",
     "chunk_tensordict",
     "concat_nested_tensors",
@@ -34,22 +54,19 @@ __all__ = [
     "object_column",
     "pad_to_divisor",
     "pop",
+    "slice_rows",
     "unpad",
 ]
-
-
-def is_jagged(value: Any) -> bool:
-    """Whether ``value`` is a nested tensor (rows of different lengths)."""
-    return isinstance(value, torch.Tensor) and value.is_nested
 
 
 def _rows(value: Any) -> int:
     return value.size(0) if isinstance(value, torch.Tensor) else len(value)
 
 
-def object_column(items: Sequence[Any]) -> NonTensorStack:
-    """A per-row column of Python objects (strings, lists, dicts, ...), one per row."""
-    return NonTensorStack.from_list([NonTensorData(item) for item in items])
+def object_column(items: Sequence[Any]) -> ObjectColumn:
+    """A per-row column of Python objects (strings, lists, dicts, ...), one per row: a
+    ``NonTensorStack`` that keeps them in a list until its members are asked for."""
+    return ObjectColumn.of(items)
 
 
 def get_tensordict(tensor_dict: Mapping[str, Any], non_tensor_dict: Mapping[str, Any] | None = None) -> TensorDict:
@@ -96,54 +113,7 @@ def get_tensordict(tensor_dict: Mapping[str, Any], non_tensor_dict: Mapping[str,
 def concat_nested_tensors(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """One jagged tensor holding the rows of ``tensors`` (jagged tensors of two or more
     dimensions), in order."""
-    if not tensors:
-        raise ValueError("nothing to concatenate")
-    rows: list[torch.Tensor] = []
-    for i, tensor in enumerate(tensors):
-        if not is_jagged(tensor):
-            raise ValueError(f"tensor {i} is not a nested tensor")
-        if tensor.dim() < 2:
-            raise ValueError(f"tensor {i}: a nested tensor has two or more dimensions, got shape {tuple(tensor.shape)}")
-        rows.extend(tensor.unbind(0))
-    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
-
-
-def jagged_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """A jagged tensor as plain tensors, e.g. to send over a wire: ``(values, offsets,
-    ragged_dim)``. ``values`` holds every row's elements, the rows joined along dimension
-    ``ragged_dim - 1`` of a row; ``offsets`` (int64, one more than the rows) is where each
-    row starts in it. :func:`jagged_from_parts` reverses it."""
-    if not is_jagged(tensor) or tensor.layout != torch.jagged:
-        raise ValueError("jagged_parts takes a nested tensor with layout=torch.jagged")
-    if tensor.lengths() is not None:  # rows with gaps between them: pack them first
-        tensor = torch.nested.as_nested_tensor(list(tensor.unbind(0)), layout=torch.jagged)
-    return tensor.values(), tensor.offsets().to(torch.int64), int(tensor._ragged_idx)
-
-
-def jagged_from_parts(values: torch.Tensor, offsets: torch.Tensor, ragged_dim: int = 1) -> torch.Tensor:
-    """The jagged tensor :func:`jagged_parts` took apart, as a view of ``values`` (no copy
-    of the elements; work in proportion to the rows). ``ValueError`` unless the offsets
-    are one-dimensional integers that start at 0, never decrease and end at the length
-    of ``values`` along the ragged dimension."""
-    if isinstance(ragged_dim, bool) or not isinstance(ragged_dim, int) or not 1 <= ragged_dim <= values.dim():
-        raise ValueError(f"ragged_dim must be between 1 and {values.dim()} for values of shape {tuple(values.shape)}")
-    if offsets.dim() != 1 or offsets.numel() < 2 or offsets.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"offsets must be a 1-D integer tensor of rows + 1 entries, got {offsets.dtype} "
-                         f"of shape {tuple(offsets.shape)}")
-    offsets = offsets.to(torch.int64)
-    total = values.shape[ragged_dim - 1]
-    if offsets[0] != 0 or offsets[-1] != total or bool((offsets[1:] < offsets[:-1]).any()):
-        raise ValueError(f"offsets must start at 0, never decrease and end at {total} (the values' ragged length)")
-    return torch.nested.nested_tensor_from_jagged(values, offsets, jagged_dim=ragged_dim)
-
-
-def _split_jagged(tensor: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
-    rows = tensor.unbind(0)
-    parts, start = [], 0
-    for size in sizes:
-        parts.append(torch.nested.as_nested_tensor(list(rows[start : start + size]), layout=torch.jagged))
-        start += size
-    return parts
+    return concat_jagged(tensors)
 
 
 def _without(data: TensorDict, keys: Iterable[str]) -> TensorDict:
@@ -153,21 +123,54 @@ def _without(data: TensorDict, keys: Iterable[str]) -> TensorDict:
     )
 
 
-def _jagged_keys(data: TensorDict) -> list[str]:
-    return [key for key in data.keys() if is_jagged(data.get(key))]
+def _is_column(value: Any) -> bool:
+    return isinstance(value, NonTensorStack) and value.batch_dims == 1
+
+
+def _row_keys(data: TensorDict) -> list[str]:
+    """The entries moved by the helpers here rather than by torch: jagged tensors and
+    object columns."""
+    return [key for key in data.keys() if is_jagged(data.get(key)) or _is_column(data.get(key))]
+
+
+def _kinds(data: TensorDict) -> dict[str, str]:
+    return {key: "jagged" if is_jagged(data.get(key)) else "objects" for key in _row_keys(data)}
+
+
+def _require_batch(data: Any, what: str) -> None:
+    if not isinstance(data, TensorDict) or not data.batch_dims:
+        raise ValueError(f"{what} takes a TensorDict with a batch dimension")
+
+
+def slice_rows(data: TensorDict, start: int, stop: int) -> TensorDict:
+    """Rows ``[start, stop)`` (a non-empty part) as a batch, its tensors views of the
+    batch's where they can be (as slicing a TensorDict gives); metadata kept."""
+    _require_batch(data, "slice_rows")
+    if not 0 <= start < stop <= len(data):
+        raise ValueError(f"rows [{start}, {stop}) are not a non-empty part of a batch of {len(data)}")
+    moved = _row_keys(data)
+    out = _without(data, moved)[start:stop]
+    for key in moved:
+        value = data.get(key)
+        out[key] = slice_jagged(value, start, stop, copy=False) if is_jagged(value) else slice_column(value, start, stop)
+    return out
 
 
 def chunk_tensordict(data: TensorDict, chunks: int) -> list[TensorDict]:
     """``chunks`` batches of equal length, in order (the length must divide)."""
-    if not isinstance(data, TensorDict) or not data.batch_dims:
-        raise ValueError("chunk_tensordict takes a TensorDict with a batch dimension")
+    _require_batch(data, "chunk_tensordict")
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks <= 0 or len(data) % chunks:
         raise ValueError(f"a batch of {len(data)} rows does not split into {chunks!r} equal chunks")
     size = len(data) // chunks
-    jagged = _jagged_keys(data)
-    parts = list(_without(data, jagged).split(size, dim=0))
-    for key in jagged:
-        for part, piece in zip(parts, _split_jagged(data.get(key), [size] * chunks), strict=True):
+    moved = _row_keys(data)
+    parts = list(_without(data, moved).split(size, dim=0))
+    for key in moved:
+        value = data.get(key)
+        if is_jagged(value):
+            pieces = split_jagged(value, [size] * chunks)
+        else:
+            pieces = [slice_column(value, i * size, (i + 1) * size) for i in range(chunks)]
+        for part, piece in zip(parts, pieces, strict=True):
             part[key] = piece
     return parts
 
@@ -179,13 +182,14 @@ def concat_tensordict(data: Sequence[TensorDict]) -> TensorDict:
         raise ValueError("nothing to concatenate")
     if not data[0].batch_dims:
         return data[0]
-    jagged = _jagged_keys(data[0])
+    kinds = _kinds(data[0])
     for i, part in enumerate(data):
-        if sorted(_jagged_keys(part)) != sorted(jagged):
-            raise ValueError(f"batch {i} has nested tensors {_jagged_keys(part)}, batch 0 has {jagged}")
-    out = torch.cat([_without(part, jagged) for part in data], dim=0)
-    for key in jagged:
-        out[key] = concat_nested_tensors([part.get(key) for part in data])
+        if _kinds(part) != kinds:
+            raise ValueError(f"batch {i} has jagged and object entries {_kinds(part)}, batch 0 has {kinds}")
+    out = torch.cat([_without(part, kinds) for part in data], dim=0)
+    for key, kind in kinds.items():
+        pieces = [part.get(key) for part in data]
+        out[key] = concat_jagged(pieces) if kind == "jagged" else concat_columns(pieces)
     return out
 
 
@@ -194,12 +198,17 @@ def index_select_tensor_dict(data: TensorDict, indices: torch.Tensor | Sequence[
     index = torch.as_tensor(indices, dtype=torch.long)
     if index.dim() != 1:
         raise ValueError(f"indices must be one-dimensional, got shape {tuple(index.shape)}")
+    rows = len(data) if data.batch_dims else 0
+    if index.numel() and bool(((index < -rows) | (index >= rows)).any()):
+        raise ValueError(f"indices name rows outside a batch of {rows}")
+    index = torch.where(index < 0, index + rows, index)
     out: dict[str, Any] = {}
     for key in data.keys():
         value = data.get(key)
         if is_jagged(value):
-            rows = value.unbind(0)
-            out[key] = torch.nested.as_nested_tensor([rows[i] for i in index.tolist()], layout=torch.jagged)
+            out[key] = select_jagged(value, index)
+        elif _is_column(value):
+            out[key] = select_column(value, index)
         elif isinstance(value, NonTensorData):
             out[key] = NonTensorData(value.data)
         else:
@@ -245,7 +254,9 @@ def unpad(data: TensorDict, pad_size: int) -> TensorDict:
         return data
     if pad_size < 0 or pad_size > len(data):
         raise ValueError(f"cannot drop {pad_size} rows of a batch of {len(data)}")
-    return index_select_tensor_dict(data, torch.arange(len(data) - pad_size))
+    if pad_size == len(data):
+        return index_select_tensor_dict(data, torch.arange(0))
+    return slice_rows(data, 0, len(data) - pad_size)
 
 
 def _plain(value: Any) -> Any:

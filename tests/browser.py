@@ -2,12 +2,11 @@
 driven with Playwright, which is never asked to download a browser of its own.
 
 Without Chromium the browser tests skip, naming the install command; with
-``SC_REQUIRE_SYSTEM_DEPS=1`` (CI that installed it) they fail instead.
+``HYBRIDFLOW_REQUIRE_SYSTEM_DEPS=1`` (CI that installed it) they fail instead.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from hybridflow.config.environment import setting
 
 INSTALL = "make system-deps (as root), or: apt-get install -y chromium chromium-driver"
 #: This machine's network is closed: nothing in the browser may reach out on its own.
@@ -34,11 +35,11 @@ ARGS = [
 
 
 def chromium_path() -> str:
-    """Debian's Chromium; skips the test (fails it under SC_REQUIRE_SYSTEM_DEPS=1) when absent."""
+    """Debian's Chromium; skips the test (fails it under HYBRIDFLOW_REQUIRE_SYSTEM_DEPS=1) when absent."""
     found = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
     if found is None:
         message = f"Chromium is not installed: {INSTALL}"
-        if os.environ.get("SC_REQUIRE_SYSTEM_DEPS") == "1":
+        if setting("HYBRIDFLOW_REQUIRE_SYSTEM_DEPS") == "1":
             pytest.fail(message)
         pytest.skip(message)
     return found
@@ -58,10 +59,10 @@ def chromium() -> Iterator[Any]:
 
 
 def save_screenshot(page: Any, default: Path) -> Path:
-    """A full-page screenshot at ``default``, and also where SC_STATUS_SCREENSHOT names
+    """A full-page screenshot at ``default``, and also where HYBRIDFLOW_STATUS_SCREENSHOT names
     (how docs/status-page.png is made)."""
     page.screenshot(path=str(default), full_page=True)
-    extra = os.environ.get("SC_STATUS_SCREENSHOT")
+    extra = setting("HYBRIDFLOW_STATUS_SCREENSHOT")
     if extra:
         page.screenshot(path=extra, full_page=True)
     return default

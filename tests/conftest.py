@@ -49,41 +49,19 @@ def no_global_padding():
     DataProtoConfig.auto_padding = before
 
 
-@pytest.fixture(scope="session")
-def service(tmp_path_factory):
-    """`serve run serve_config.yaml` as a user would start it, shared by the session
-    (its cold start is the most expensive step of the suite), with fresh state in a file
-    of its own (not the checkout's .hybridflow/state.db)."""
-    from tests.serve_process import ServeProcess
-
-    # Ray exports recorded metrics every 10 s by default; every 2 s here, so the tests that
-    # wait for a metric to show wait less (the service is otherwise as shipped).
-    proc = ServeProcess(
-        state_path=tmp_path_factory.mktemp("service-state") / "state.db",
-        env={"RAY_metrics_report_interval_ms": "2000"},
-    ).start()
-    try:
-        yield proc
-    finally:
-        proc.kill()
-
-
-@pytest.fixture(scope="module")
-def http(service):
-    import httpx
-
-    # A module before this one may have left groups rebuilding (a killed worker or replica):
-    # every module starts on a service whose groups all serve.
-    service.wait_ready(timeout_s=300)
-    with httpx.Client(base_url=service.url, timeout=300) as client:
-        yield client
-
-
 @pytest.fixture(scope="module")
 def browser():
     """A headless Chromium (tests/browser.py): the test skips without it, or fails under
-    SC_REQUIRE_SYSTEM_DEPS=1."""
+    HYBRIDFLOW_REQUIRE_SYSTEM_DEPS=1."""
     from tests.browser import chromium
 
     with chromium() as opened:
         yield opened
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "own_cluster: the test starts a Ray cluster (a `serve run`) of its own instead of using the session's; "
+        "`make test` runs these beside the others",
+    )

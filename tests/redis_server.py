@@ -1,11 +1,10 @@
 """A real redis-server for the tests (the state store's shared backend): on a free port,
 its files in a temp dir, append-only file on; started, SIGKILLed and started again by
 the tests, only this process, by its pid. Missing redis-server skips the test, or fails
-it when SC_REQUIRE_SYSTEM_DEPS=1."""
+it when HYBRIDFLOW_REQUIRE_SYSTEM_DEPS=1."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from hybridflow.config.environment import setting
 from single_controller.rendezvous import free_port
 
 
@@ -65,7 +65,7 @@ def redis_binary() -> str:
     binary = shutil.which("redis-server")
     if binary is None:
         message = "redis-server is not installed (Debian: apt-get install -y redis-server)"
-        if os.environ.get("SC_REQUIRE_SYSTEM_DEPS") == "1":
+        if setting("HYBRIDFLOW_REQUIRE_SYSTEM_DEPS") == "1":
             pytest.fail(message)
         pytest.skip(message)
     return binary

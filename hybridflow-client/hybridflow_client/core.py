@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import httpx
 
-from hybridflow_client.dataproto import is_dataproto
 from hybridflow_client.messages import (
     JSON_TYPE,
     OCTET_STREAM_TYPE,
@@ -34,11 +33,12 @@ from hybridflow_client.messages import (
     ready_answer,
     segment,
 )
-from hybridflow_client.tensordicts import is_tensordict
 from hybridflow_client.version import __version__
+from hybridflow_client.wire.dataproto import is_dataproto
+from hybridflow_client.wire.tensordicts import is_tensordict
 
 if TYPE_CHECKING:
-    from hybridflow_client.tensors import Tensor
+    from hybridflow_client.wire.tensors import Tensor
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -258,7 +258,7 @@ class ClientAPI:
         """:meth:`call` with the method's arguments given as a sequence and a mapping. A
         DataProto or TensorDict argument (verl's batch types; by keyword) always travels as
         safetensors, and a DataProto or TensorDict answer comes back as one (see
-        :mod:`hybridflow_client.dataproto`, :mod:`hybridflow_client.tensordicts`)."""
+        :mod:`hybridflow_client.wire.dataproto`, :mod:`hybridflow_client.wire.tensordicts`)."""
         kwargs = kwargs or {}
         dataprotos = [type(value) for value in (*args, *kwargs.values()) if is_dataproto(value)]
         if any(is_dataproto(value) or is_tensordict(value) for value in kwargs.values()):

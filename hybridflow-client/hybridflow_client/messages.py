@@ -14,20 +14,23 @@ from urllib.parse import quote
 
 import httpx
 
-from hybridflow_client.json_codec import decode_json_value, dumps_compact, encode_json_value
-from hybridflow_client.oip_codec import (
+from hybridflow_client.wire import json_call, safetensors_call
+from hybridflow_client.wire.builders import ClientBuilder
+from hybridflow_client.wire.errors import WireError
+from hybridflow_client.wire.formats import JSON, OCTET_STREAM, SAFETENSORS, CallFormat
+from hybridflow_client.wire.limits import CLIENT_LIMITS
+from hybridflow_client.wire.oip_messages import (
     HEADER_LENGTH,
     build_infer_request,
     parse_header_length,
     parse_infer_response,
 )
-from hybridflow_client.safetensors_codec import decode_output_body, encode_call_body
-from hybridflow_client.tensors import CodecError
 
 if TYPE_CHECKING:
-    from hybridflow_client.tensors import Tensor
+    from hybridflow_client.wire.tensors import Tensor
 
 __all__ = [
+    "CALL_FORMATS",
     "JSON_TYPE",
     "OCTET_STREAM_TYPE",
     "SAFETENSORS_TYPE",
@@ -45,9 +48,15 @@ __all__ = [
     "segment",
 ]
 
-JSON_TYPE = "application/json"
-SAFETENSORS_TYPE = "application/x-safetensors"
-OCTET_STREAM_TYPE = "application/octet-stream"
+JSON_TYPE = JSON
+SAFETENSORS_TYPE = SAFETENSORS
+OCTET_STREAM_TYPE = OCTET_STREAM
+
+#: The call formats by media type: what a call is encoded in, and how an answer is read.
+CALL_FORMATS: dict[str, CallFormat] = {
+    JSON_TYPE: json_call.FORMAT,
+    SAFETENSORS_TYPE: safetensors_call.FORMAT,
+}
 
 
 class ServiceError(Exception):
@@ -162,20 +171,14 @@ def _media_type(response: httpx.Response) -> str:
 def call_answer(
     group: str, method: str, response: httpx.Response, dataproto_type: type | None = None
 ) -> dict[str, Any]:
-    """A call's answer with its output decoded. A safetensors answer carries only the
-    output, so its dispatch_mode, execute_mode and world_size are None."""
+    """A call's answer with its output decoded, in the format its media type names (JSON
+    when it names none the client knows). A safetensors answer carries only the output,
+    so its dispatch_mode, execute_mode and world_size are None."""
     check(response)
-    if _media_type(response) == SAFETENSORS_TYPE:
-        output = decode_output_body(response.content, dataproto_type=dataproto_type)
-        return {
-            "group": group, "method": method, "dispatch_mode": None, "execute_mode": None, "world_size": None,
-            "output": output,
-        }
-    answer = json_answer(response)
-    if not isinstance(answer, dict) or "output" not in answer:
-        raise ServiceError(response.status_code, f"answer has no 'output': {str(answer)[:200]}")
-    answer["output"] = decode_json_value(answer["output"], "output", dataproto_type)
-    return answer
+    answer_format = CALL_FORMATS.get(_media_type(response), CALL_FORMATS[JSON_TYPE])
+    answer = answer_format.decode_answer(response.content, CLIENT_LIMITS, ClientBuilder(dataproto_type))
+    return {"group": group, "method": method, "dispatch_mode": None, "execute_mode": None, "world_size": None,
+            **answer}
 
 
 def infer_result(response: httpx.Response) -> InferResult:
@@ -183,9 +186,9 @@ def infer_result(response: httpx.Response) -> InferResult:
     check(response)
     try:
         header_length = parse_header_length(response.headers.get(HEADER_LENGTH), len(response.content))
-    except CodecError as exc:
+    except WireError as exc:
         raise ServiceError(response.status_code, f"answer has a bad {HEADER_LENGTH}: {exc}") from None
-    payload, outputs = parse_infer_response(response.content, header_length)
+    payload, outputs = parse_infer_response(response.content, header_length, CLIENT_LIMITS, ClientBuilder())
     return InferResult(
         model_name=payload.get("model_name", ""),
         outputs=outputs,
@@ -216,18 +219,9 @@ def call_request(
 ) -> Request:
     """A call (or job) request: JSON ``{"args", "kwargs"}``, or with ``binary`` the
     keyword arguments as safetensors; ``binary_output`` asks for a safetensors answer."""
-    headers: dict[str, str] = {}
-    if binary:
-        if args:
-            raise ValueError(
-                "a binary (safetensors) call carries keyword arguments only: pass them by name, e.g. x=[x]"
-            )
-        content = encode_call_body(kwargs)
-        headers["Content-Type"] = SAFETENSORS_TYPE
-    else:
-        content = dumps_compact({"args": encode_json_value(list(args)), "kwargs": encode_json_value(dict(kwargs))})
-        headers["Content-Type"] = JSON_TYPE
-    headers["Accept"] = SAFETENSORS_TYPE if binary_output else JSON_TYPE
+    media_type = SAFETENSORS_TYPE if binary else JSON_TYPE
+    content = CALL_FORMATS[media_type].encode_call(args, kwargs, CLIENT_LIMITS)
+    headers = {"Content-Type": media_type, "Accept": SAFETENSORS_TYPE if binary_output else JSON_TYPE}
     if idempotency_key:
         headers["Idempotency-Key"] = idempotency_key
     return Request("POST", path, content, headers, timeout)

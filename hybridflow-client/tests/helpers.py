@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from hybridflow_client import tensors
+from hybridflow_client.wire import tensors
 
-TORCH = tensors.torch
+TORCH = tensors.installed_torch()
 
 
 def as_numpy(value: Any) -> np.ndarray:

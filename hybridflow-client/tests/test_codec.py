@@ -1,6 +1,6 @@
-"""The client's codecs, without a service: the bytes it sends (checked against the
-service's formats written out literally) and the answers it reads (bodies built here the
-way the service builds them), in numpy mode and, where torch is installed, torch mode."""
+"""The wire as the client uses it, without a service: the bytes it sends (checked against
+the service's formats written out literally) and the answers it reads (bodies built here
+the way the service builds them), in numpy mode and, where torch is installed, torch mode."""
 
 from __future__ import annotations
 
@@ -14,11 +14,14 @@ import safetensors
 import safetensors.numpy
 from helpers import TORCH, as_numpy, returned_type
 
-from hybridflow_client import WireDataProto
-from hybridflow_client.json_codec import decode_json_value, dumps_compact, encode_json_value
-from hybridflow_client.oip_codec import build_infer_request, parse_header_length, parse_infer_response
-from hybridflow_client.safetensors_codec import decode_output_body, encode_call_body, read_safetensors
-from hybridflow_client.tensors import CodecError, from_json, to_wire
+from hybridflow_client import CodecError, WireDataProto
+from hybridflow_client.wire.json_values import decode_json_value, encode_json_value
+from hybridflow_client.wire.oip_messages import build_infer_request, parse_header_length, parse_infer_response
+from hybridflow_client.wire.safetensors_body import read_safetensors
+from hybridflow_client.wire.safetensors_call import decode_output_body, encode_call_body
+from hybridflow_client.wire.strict_json import dumps_compact
+from hybridflow_client.wire.tensor_objects import from_json
+from hybridflow_client.wire.tensors import to_wire
 
 ALL_DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"]
 DATATYPE = dict(
@@ -77,8 +80,9 @@ def test_json_tensor_objects_are_checked():
         ({"datatype": "INT32", "shape": [1], "data": [1.5]}, "integers"),
         ({"datatype": "BOOL", "shape": [1], "data": [1]}, "true or false"),
         ({"datatype": "FP16", "shape": [1], "data": [1e6]}, "out of range"),
-        ({"datatype": "BYTES", "shape": [1], "data": ["a"]}, "unknown datatype"),
-        ({"datatype": "FP32", "shape": [-1], "data": []}, "non-negative"),
+        ({"datatype": "BYTES", "shape": [1], "data": ["a"]}, "BYTES"),
+        ({"datatype": "FP33", "shape": [1], "data": [1]}, "unknown datatype"),
+        ({"datatype": "FP32", "shape": [-1], "data": []}, "negative dimension"),
         ({"datatype": "FP32", "shape": [1], "data": ["nan"]}, "numbers"),
     ]
     for obj, message in cases:
@@ -86,13 +90,18 @@ def test_json_tensor_objects_are_checked():
             from_json(obj)
 
 
-def test_bf16_without_torch_comes_back_as_float32_and_is_sent_only_when_exact(numpy_only):
+def test_bf16_without_torch_comes_back_as_float32_and_rounds_to_nearest_even(numpy_only):
     back = decode_json_value({"datatype": "BF16", "shape": [3], "data": [1.5, "Infinity", -2.0]})
     assert back.dtype == np.float32 and back.tolist() == [1.5, math.inf, -2.0]
     assert from_json({"datatype": "BF16", "shape": [1], "data": [0.5]}).array.tolist() == [0x3F00]
-    with pytest.raises(CodecError, match="rounding to BF16 needs torch"):
-        from_json({"datatype": "BF16", "shape": [1], "data": [0.1]})
-    with pytest.raises(CodecError, match="BF16 needs torch"):
+    # 0.1 is 0x3DCCCCCD in float32: its lower half 0xCCCD is past the half way, so it rounds up
+    assert from_json({"datatype": "BF16", "shape": [1], "data": [0.1]}).array.tolist() == [0x3DCD]
+    # 1 + 2**-8 lies half way between two BF16 values: the even one (1.0) wins
+    assert from_json({"datatype": "BF16", "shape": [2], "data": [1 + 2**-8, 1 + 3 * 2**-8]}).array.tolist() == [
+        0x3F80, 0x3F82]
+    with pytest.raises(CodecError, match="out of range for BF16"):
+        from_json({"datatype": "BF16", "shape": [1], "data": [3.4e38]})
+    with pytest.raises(CodecError, match="no wire datatype"):
         to_wire(np.zeros(2, dtype=np.uint16))
 
 

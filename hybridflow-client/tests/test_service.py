@@ -125,9 +125,9 @@ def test_the_async_client(service_url, service_token):
 def cli(service_url: str, service_token: str | None, *argv: str, module: bool = False) -> subprocess.CompletedProcess:
     script = shutil.which("hybridflow", path=os.path.dirname(sys.executable))
     command = [sys.executable, "-m", "hybridflow_client.cli"] if module or script is None else [script]
-    env = {**os.environ, "SC_URL": service_url}
+    env = {**os.environ, "HYBRIDFLOW_URL": service_url}
     if service_token:
-        env["SC_AUTH_TOKEN"] = service_token
+        env["HYBRIDFLOW_TOKEN"] = service_token
     return subprocess.run([*command, *argv, "--no-progress"], capture_output=True, text=True, timeout=300, env=env)
 
 

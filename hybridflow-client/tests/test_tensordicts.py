@@ -11,9 +11,10 @@ import pytest
 torch = pytest.importorskip("torch")
 tensordict = pytest.importorskip("tensordict")
 
-from hybridflow_client.json_codec import decode_json_value, encode_json_value  # noqa: E402
-from hybridflow_client.safetensors_codec import decode_output_body, encode_call_body, read_safetensors  # noqa: E402
-from hybridflow_client.tensors import CodecError  # noqa: E402
+from hybridflow_client import CodecError  # noqa: E402
+from hybridflow_client.wire.json_values import decode_json_value, encode_json_value  # noqa: E402
+from hybridflow_client.wire.safetensors_body import read_safetensors  # noqa: E402
+from hybridflow_client.wire.safetensors_call import decode_output_body, encode_call_body  # noqa: E402
 
 ROWS = [[1, 2, 3], [4], [5, 6]]
 

@@ -5,11 +5,11 @@ Workers, models whose method exists), each problem named by its path."""
 from __future__ import annotations
 
 import importlib
-import os
 from typing import Any
 
 from pydantic import ValidationError
 
+from hybridflow.config.environment import setting
 from hybridflow.config.groups import RESERVED_DEPLOYMENTS, ConfigError, DeploymentConfig, GroupConfig
 from hybridflow.config.service import ServiceConfig
 
@@ -52,7 +52,7 @@ def load_config(args: dict[str, Any] | None, check_workers: bool = True) -> Serv
     except ValidationError as exc:
         problems = [f"{_where(err['loc'], document)}: {err['msg']}" for err in exc.errors()]
         raise ConfigError("invalid serve config:\n  " + "\n  ".join(problems)) from None
-    token = os.environ.get("SC_AUTH_TOKEN")
+    token = setting("HYBRIDFLOW_TOKEN")
     if token:
         config.auth_token = token
     problems = _references(config)

@@ -12,9 +12,9 @@ from pydantic import Field, IPvAnyNetwork, field_validator, model_validator
 
 from hybridflow.config.groups import DeploymentConfig, GroupConfig, ModelConfig, _Strict
 from hybridflow.config.state import StateConfig
-from hybridflow.wire.limits import DEFAULT_LIMITS as WIRE_DEFAULTS
-from hybridflow.wire.limits import MAX_DEPTH as WIRE_MAX_DEPTH
-from hybridflow.wire.limits import WireLimits
+from hybridflow_client.wire.limits import DEFAULT_LIMITS as WIRE_DEFAULTS
+from hybridflow_client.wire.limits import MAX_DEPTH as WIRE_MAX_DEPTH
+from hybridflow_client.wire.limits import WireLimits
 
 #: Trusted proxies by default: only this host's own (a proxy beside the service).
 LOOPBACK = ("127.0.0.1/32", "::1/128")
@@ -82,9 +82,17 @@ class ServiceConfig(_Strict):
     )
     request_timeout_s: float = Field(120.0, gt=0, description="a call that runs longer answers 504")
     health_timeout_s: float = Field(10.0, gt=0, description="an idle worker that does not answer a ping this long is lost")
+    health_check_period_s: float = Field(
+        10.0, gt=0, description="seconds between Serve's health checks of each replica that hosts controllers: how "
+        "soon a lost or hung worker is noticed (each check pings every group's workers)",
+    )
+    health_check_timeout_s: float = Field(
+        30.0, gt=0, description="a health check of such a replica that takes longer fails, and Serve restarts the "
+        "replica (the checks never wait behind calls)",
+    )
     max_body_bytes: int = Field(1 << 30, gt=0, description="larger request bodies answer 413")
     auth_token: str | None = Field(
-        None, description="when set (or SC_AUTH_TOKEN is), every route but health checks needs 'Bearer <token>'"
+        None, description="when set (or HYBRIDFLOW_TOKEN is), every route but health checks needs 'Bearer <token>'"
     )
     trusted_proxies: list[IPvAnyNetwork] = Field(
         default_factory=lambda: [ip_network(n) for n in LOOPBACK],
@@ -109,6 +117,11 @@ class ServiceConfig(_Strict):
                 f"got {self.ingress_replicas}"
             )
         return self
+
+    def health_check_options(self) -> dict[str, float]:
+        """Serve's options for the replicas that host controllers."""
+        return {"health_check_period_s": self.health_check_period_s,
+                "health_check_timeout_s": self.health_check_timeout_s}
 
     @property
     def controllers_embedded(self) -> bool:

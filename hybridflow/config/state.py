@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from hybridflow.config.environment import setting
 from hybridflow.config.groups import _Strict
 from hybridflow.state.backends import open_store
 from hybridflow.state.store import (
@@ -21,8 +22,8 @@ from hybridflow.state.store import (
 #: Environment variables read where ``serve run`` starts (``build(args)``): a state path
 #: that overrides ``state.path`` (``null`` or ``:memory:`` for in-memory state), and a
 #: fresh start (``1``) as ``state.fresh: true`` would (``make serve-fresh`` sets it).
-STATE_PATH_ENV = "SC_STATE_PATH"
-STATE_FRESH_ENV = "SC_STATE_FRESH"
+STATE_PATH_ENV = "HYBRIDFLOW_STATE_PATH"
+STATE_FRESH_ENV = "HYBRIDFLOW_STATE_FRESH"
 #: Where weight syncs keep their shards with a Redis store, relative to where ``serve run`` starts.
 DEFAULT_WEIGHTS_DIR = ".hybridflow/weights"
 
@@ -103,13 +104,13 @@ class StateConfig(_Strict):
         return self.redis_url or self.path
 
     def resolved(self, env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None) -> StateConfig:
-        """This config as a replica must get it: ``SC_STATE_PATH`` and ``SC_STATE_FRESH``
-        applied, and a file path (and ``weights_dir``) made absolute against ``cwd``
+        """This config as a replica must get it: ``HYBRIDFLOW_STATE_PATH`` and
+        ``HYBRIDFLOW_STATE_FRESH`` applied, and a file path (and ``weights_dir``) made absolute against ``cwd``
         (default: this process's working directory). Called where ``serve run`` starts (``build(args)``), never in a
         replica, whose working directory may be another."""
         env = os.environ if env is None else env
         update: dict[str, Any] = {}
-        override = env.get(STATE_PATH_ENV)
+        override = setting(STATE_PATH_ENV, env)
         if override:
             path = None if override in (":memory:", "null") else override
             update = {"path": path, "redis_url": None}
@@ -122,7 +123,7 @@ class StateConfig(_Strict):
             update["weights_dir"] = os.path.abspath(os.path.join(base, os.path.expanduser(self.weights_dir)))
         elif path is not None and path.startswith(REDIS_SCHEMES):
             update["weights_dir"] = os.path.abspath(os.path.join(base, DEFAULT_WEIGHTS_DIR))
-        if env.get(STATE_FRESH_ENV, "").strip().lower() in ("1", "true", "yes"):
+        if (setting(STATE_FRESH_ENV, env) or "").strip().lower() in ("1", "true", "yes"):
             update["fresh"] = True
         return self.model_copy(update=update)
 

@@ -11,7 +11,8 @@ no batch of its model running leaves at once instead of waiting for others: a lo
 request costs no delay, and under load batches still form while a batch runs. A batch is
 the requests' tensors concatenated along ``batch_dim``, sent as one call; the output is
 split back along the same dimension, each request getting a tensor of its own (a copy,
-not a view of the batch's output).
+not a view of the batch's output). A batch of ``OFF_LOOP_BYTES`` or more is concatenated
+and split in a thread, so a large copy never holds the event loop.
 
 Only for row-wise methods: a method whose output rows along ``batch_dim`` depend on the
 matching input rows alone (an MLP layer, echo), so that each answer is the one the
@@ -30,6 +31,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -37,6 +39,21 @@ import torch
 #: milliseconds, rounded up. A batch due within this is sent now, so the delay a config
 #: sets is the most a request waits, not that plus the rounding.
 TIMER_SLACK_S = 1e-3
+#: Bytes of a batch's inputs (or of its output) from which they are concatenated (split)
+#: in a thread rather than on the event loop; below it the hop costs more than the copy.
+OFF_LOOP_BYTES = 1 << 20
+
+
+def _nbytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+async def _off_loop_when_large(nbytes: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, in a thread when ``nbytes`` reach ``OFF_LOOP_BYTES`` (torch copies
+    release the GIL, so the loop runs meanwhile)."""
+    if nbytes >= OFF_LOOP_BYTES:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
 
 
 @dataclass(frozen=True)
@@ -190,10 +207,14 @@ class Batcher:
         version = None
         try:
             inputs = [w.x for w in batch]
-            x = inputs[0] if len(inputs) == 1 else torch.cat(inputs, dim=self.batch_dim)
+            if len(inputs) == 1:
+                x = inputs[0]
+            else:
+                x = await _off_loop_when_large(_nbytes(inputs), torch.cat, inputs, self.batch_dim)
             ran = _ran(await self.run(x))
             version = ran.weights_version
-            outputs = self._split(ran.output, [w.x.shape[self.batch_dim] for w in batch])
+            sizes = [w.x.shape[self.batch_dim] for w in batch]
+            outputs = await _off_loop_when_large(_nbytes([ran.output]), self._split, ran.output, sizes)
         except BaseException as exc:  # every request of the batch gets it
             outputs = exc
         finally:

@@ -40,6 +40,7 @@ from hybridflow.control.durability import GroupDurability, PendingRecord, fresh_
 from hybridflow.control.events import EventBus
 from hybridflow.control.models import ModelServer
 from hybridflow.control.placement import DeploymentPlan
+from hybridflow.control.submissions import large
 from hybridflow.control.supervisor import (
     READY,
     GroupState,
@@ -241,8 +242,12 @@ class GroupController:
             entry = state.journal.begin(request.method)
             record = state.durability.pending(entry, call, request)
         version = self.weights.before_submission(state, group)
+        # Large arguments are split and pickled in the group's thread, in journal order
+        # (hybridflow.control.submissions); a compiled graph's writer thread pickles them
+        # anyway, and a group whose weights version is followed asks for it right after.
+        off_loop = state.channel is None and version is None and large((args, kwargs))
         try:
-            pending = state.caller.submit(request.method, args, kwargs)
+            pending = state.submissions.submit(lambda: state.caller.submit(request.method, args, kwargs), off_loop)
         except Exception as exc:
             if entry is not None:
                 state.journal.abort(entry)
@@ -263,6 +268,12 @@ class GroupController:
         acknowledged = False
         state.running += 1
         try:
+            if isinstance(pending, asyncio.Future):  # submitted in the group's thread
+                try:
+                    pending = await pending
+                except Exception as exc:
+                    result.error = self._submit_failed(state, entry.method if entry else "call", exc)
+                    return result
             futures = as_asyncio(pending.futures)
             done, waiting = await asyncio.wait(futures, timeout=self.request_timeout_s)
             if waiting:
@@ -294,8 +305,10 @@ class GroupController:
                     result.error = _error(ErrorKind.METHOD_RAISED, f"{state.name} raised {failures[0][1]}{undone}")
                 return result
             result.weights_version = await self.weights.resolve(version)
+            values = [f.result() for f in futures]
             try:
-                result.output = pending.collect([f.result() for f in futures])
+                result.output = await asyncio.to_thread(pending.collect, values) if large(values) else (
+                    pending.collect(values))
             except Exception as exc:  # a collect function's own error: the call itself ran
                 why = failure_of(exc)[1]
                 if entry is None:
@@ -453,6 +466,8 @@ class GroupController:
     def shutdown(self) -> None:
         self.weights.shutdown()
         self.supervisor.shutdown()
+        for state in self.groups.values():
+            state.submissions.shutdown()
         for unit in self.units:
             group = unit.members[0].group
             if group is not None:

@@ -71,6 +71,7 @@ from hybridflow.control.catalogue import LOAD_STATE_DICT, STATE_DICT
 from hybridflow.control.contract import CallRequest, CallResult, ControllerError, ErrorKind
 from hybridflow.control.group_state import RestoreRefused, as_asyncio
 from hybridflow.control.snapshots import Snapshots
+from hybridflow.control.submissions import large
 from hybridflow.state.async_store import AsyncStore
 from hybridflow.state.codec import (
     StateCodecError,
@@ -80,7 +81,7 @@ from hybridflow.state.codec import (
     encode_answer,
     encode_call,
 )
-from hybridflow.state.idempotency import IdempotencyConflict, estimate_bytes
+from hybridflow.state.idempotency import IdempotencyConflict
 from hybridflow.state.journal import Entry
 from hybridflow.state.store import (
     ScopeMeta,
@@ -99,8 +100,6 @@ logger = logging.getLogger(__name__)
 
 #: What a group's stored state depends on beyond its world size and worker class.
 FINGERPRINT_FIELDS = ("plain_actor", "init_args", "init_kwargs", "init_calls", "megatron")
-#: Arguments of about this many bytes and more are encoded off the event loop.
-OFF_LOOP_BYTES = 256 * 1024
 #: How a restore replays one of the service's own operations: ``(member, seq, args, kwargs)``.
 Operation = Callable[[Any, int, tuple[Any, ...], dict[str, Any]], Awaitable[None]]
 
@@ -253,7 +252,7 @@ class GroupDurability:
             f"group {self.group!r} of deployment {self.deployment!r}: the stored state in {state.location} was "
             f"written for another shape of this group ({'; '.join(changes)}), and replaying it would rebuild the "
             "wrong state. Put the config back as it was, or discard the stored state: start with `make "
-            "serve-fresh` (SC_STATE_FRESH=1) or `state: {fresh: true}` for every group, or set "
+            "serve-fresh` (HYBRIDFLOW_STATE_FRESH=1) or `state: {fresh: true}` for every group, or set "
             "`state: {on_mismatch: reset}` for the groups that no longer fit"
         )
 
@@ -396,7 +395,7 @@ class GroupDurability:
         what is replayed is what the caller sent, whatever a dispatch function does to its
         arguments afterwards; large arguments are encoded off the loop (StateCodecError:
         arguments the store cannot keep)."""
-        if estimate_bytes((args, kwargs)) < OFF_LOOP_BYTES:
+        if not large((args, kwargs)):
             return encode_call(method, args, kwargs)
         return await asyncio.to_thread(encode_call, method, args, kwargs)
 
@@ -404,12 +403,6 @@ class GroupDurability:
     def pending(entry: Entry, call: bytes, request: CallRequest) -> PendingRecord:
         """The record of a submitted call, written once every rank applied it."""
         return PendingRecord(entry.seq, entry.method, call, request.idempotency_key, request.fingerprint)
-
-    def prepare(
-        self, entry: Entry, args: Sequence[Any], kwargs: Mapping[str, Any], request: CallRequest
-    ) -> PendingRecord:
-        """:meth:`encode` and :meth:`pending` at once, on the calling thread."""
-        return self.pending(entry, encode_call(entry.method, args, kwargs), request)
 
     async def record(self, record: PendingRecord, result: CallResult) -> None:
         """Write an applied call (and its answer, under its Idempotency-Key) before it is
@@ -467,9 +460,6 @@ class GroupDurability:
         """Count an acknowledged call; every ``snapshot_every`` of them, take a snapshot."""
         self.snapshots.acknowledged(member)
 
-    async def snapshot_settled(self) -> None:
-        """Wait for a snapshot being taken (tests and benchmarks)."""
-        await self.snapshots.settled()
 
 
 def _snapshot_or_restore_point(data: bytes) -> tuple[list[Any] | None, tuple[str, tuple, dict] | None]:

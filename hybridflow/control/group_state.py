@@ -25,6 +25,7 @@ from hybridflow.control.catalogue import MethodInfo
 from hybridflow.control.contract import first_line
 from hybridflow.control.fence import Fence
 from hybridflow.control.restarts import Supervision
+from hybridflow.control.submissions import Submissions
 from hybridflow.control.transport import TASKS
 from hybridflow.state.codec import StateCodecError
 from hybridflow.state.journal import Journal
@@ -61,9 +62,13 @@ def as_asyncio(refs: list[Any]) -> list[asyncio.Future]:
 def failure_of(exc: BaseException) -> tuple[bool, str]:
     """``(worker_lost, message)`` for an exception a Ray future raised: a method that
     raised is the caller's matter (its message's last line, never a traceback); any
-    other Ray error means a worker or its objects are gone."""
+    other Ray error, also one a task reports as its cause (a compiled graph's rank whose
+    peer died, its channel closed), or a closed graph, means a worker or its objects are
+    gone."""
     if isinstance(exc, RayTaskError) and not isinstance(exc, RayActorError):
         cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+        if isinstance(cause, RayError) and cause is not exc:  # a compiled graph's rank whose peer died
+            return True, type(cause).__name__
         return False, f"{type(cause).__name__}: {first_line(cause)}"
     if isinstance(exc, (RayError, GraphClosed)):  # a closed graph: a rank behind it went away
         return True, type(exc).__name__
@@ -96,6 +101,12 @@ class GroupState:
     #: A mutating call reached the ranks and was not acknowledged since the last restore:
     #: they may hold changes the journal does not.
     diverged: bool = False
+    #: Hands the group's calls to its ranks in journal order (hybridflow.control.submissions).
+    submissions: Submissions = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.submissions is None:
+            self.submissions = Submissions(self.config.name)
 
     @property
     def name(self) -> str:

@@ -131,8 +131,3 @@ def of(model: str) -> ModelStatistics:
     if found is None:
         found = _TABLE[model] = ModelStatistics(model)
     return found
-
-
-def forget_all() -> None:
-    """Start every model's counts again (tests)."""
-    _TABLE.clear()

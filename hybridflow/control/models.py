@@ -21,7 +21,7 @@ from hybridflow.control import metrics, model_statistics
 from hybridflow.control.batching import Batcher, Ran, run_alone
 from hybridflow.control.contract import CallRequest, ControllerError, ErrorKind, InferResult
 from hybridflow.control.group_state import READY, as_asyncio
-from hybridflow.wire.dtypes import datatype_of
+from hybridflow_client.wire.tensors import datatype_of_torch as datatype_of
 
 
 class ModelServer:
@@ -63,7 +63,7 @@ class ModelServer:
         kept = self._specs.get(name)
         if kept is not None and kept[0] == version:
             return kept[1]
-        pending = state.caller.submit(model.io_method)
+        pending = await state.submissions.submitted(lambda: state.caller.submit(model.io_method))
         values = [await future for future in as_asyncio(pending.futures)]
         answer = pending.collect(values)
         if isinstance(answer, list):

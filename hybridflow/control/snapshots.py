@@ -92,9 +92,9 @@ class Snapshots:
         seq = member.journal.next_seq - 1
         if seq <= self.seq:
             return
-        # Submitted now, with no await since seq was read: every rank runs it after the
+        # Handed over now, with no await since seq was read: every rank runs it after the
         # calls numbered <= seq and before any later one.
-        futures = as_asyncio(member.caller.execute_all_async(STATE_DICT))
+        futures = as_asyncio(await member.submissions.submitted(lambda: member.caller.execute_all_async(STATE_DICT)))
         member.running += 1
         try:
             _, waiting = await asyncio.wait(futures, timeout=self.request_timeout_s)

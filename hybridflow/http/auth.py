@@ -1,4 +1,4 @@
-"""The bearer token: when one is set (``auth_token`` or SC_AUTH_TOKEN), every route but
+"""The bearer token: when one is set (``auth_token`` or HYBRIDFLOW_TOKEN), every route but
 the health probes needs it, the API docs included.
 
 A client sends ``Authorization: Bearer <token>``; a browser (the status page, the API

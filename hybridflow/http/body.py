@@ -5,27 +5,32 @@ passes the limit), and only in the media types a route takes."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 
 from fastapi import Request
 
 from hybridflow.http.errors import ApiError
+from hybridflow_client.wire.formats import JSON, OCTET_STREAM, SAFETENSORS
 
-JSON = "application/json"
-SAFETENSORS = "application/x-safetensors"
-OCTET_STREAM = "application/octet-stream"
+__all__ = ["JSON", "OCTET_STREAM", "SAFETENSORS", "body_kind", "fingerprint", "media_type", "read_body"]
+
+#: Structured syntax suffixes (RFC 6839) and the media type a type ending in one counts as.
+SUFFIXES = {"+json": JSON}
 
 
 def media_type(header: str | None) -> str:
     return (header or "").split(";", 1)[0].strip().lower()
 
 
-def body_kind(request: Request, allowed: tuple[str, ...]) -> str:
-    """The body's media type, one of ``allowed`` (``+json`` types count as JSON); 415
-    otherwise. A missing Content-Type is refused too: a browser's cross-site form or
-    plain fetch cannot send JSON or safetensors without one."""
+def body_kind(request: Request, allowed: Iterable[str]) -> str:
+    """The body's media type, one of ``allowed`` (a type with a suffix of
+    :data:`SUFFIXES` counts as its type: ``+json`` as JSON); 415 otherwise. A missing
+    Content-Type is refused too: a browser's cross-site form or plain fetch cannot send
+    JSON or safetensors without one."""
+    allowed = tuple(allowed)
     kind = media_type(request.headers.get("content-type"))
-    if kind.endswith("+json"):
-        kind = JSON
+    _, plus, suffix = kind.rpartition("+")
+    kind = SUFFIXES.get(plus + suffix, kind)
     if kind not in allowed:
         named = f"Content-Type {kind!r}" if kind else "a body without Content-Type"
         raise ApiError(415, f"unsupported media type: {named}; send {' or '.join(allowed)}")

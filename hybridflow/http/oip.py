@@ -1,19 +1,22 @@
 """Open Inference Protocol (KServe v2) messages on the HTTP side: the request parsed and
 checked (its requested outputs too) before any model runs, the answer built with the
-binary tensor data extension."""
+binary tensor data extension (the shared :mod:`hybridflow_client.wire.oip_messages`).
+:data:`INFER_BODIES` is the inference route's table from media type to decoder."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import version
 from typing import Any
 
 import torch
 
+from hybridflow.http.body import JSON, OCTET_STREAM
 from hybridflow.http.errors import ApiError
-from hybridflow.wire.errors import WireError
-from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
-from hybridflow.wire.oip_messages import build_infer_response, parse_infer_request, requested_outputs
+from hybridflow.wire.torch_builder import TORCH_BUILDER
+from hybridflow_client.wire.errors import WireError
+from hybridflow_client.wire.limits import DEFAULT_LIMITS, WireLimits
+from hybridflow_client.wire.oip_messages import build_infer_response, parse_infer_request, requested_outputs
 
 SERVER_NAME = "hybridflow-single-controller"
 #: The installed package's version (pyproject.toml holds it; nothing else states it).
@@ -27,9 +30,16 @@ def parse_request(
     body: bytes, header_length: str | None, limits: WireLimits = DEFAULT_LIMITS
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     try:
-        return parse_infer_request(body, header_length, limits)
+        return parse_infer_request(body, header_length, limits, TORCH_BUILDER)
     except WireError as exc:
         raise ApiError(400, str(exc)) from None
+
+
+#: An inference body by media type: JSON, the binary extension's octet stream, or none
+#: (tritonclient sends no Content-Type); the header length tells the two forms apart.
+INFER_BODIES: dict[str, Callable[..., tuple[dict[str, Any], dict[str, torch.Tensor]]]] = {
+    "": parse_request, JSON: parse_request, OCTET_STREAM: parse_request,
+}
 
 
 def chosen_outputs(model: str, request: dict[str, Any], names: Sequence[str]) -> tuple[list[str], set[str]]:

@@ -4,7 +4,7 @@ validation and the OpenAPI schema of the /v2 routes.
 Inference bodies that use the binary tensor data extension are a JSON header followed by
 raw bytes; only the header is described by :class:`InferRequest` / :class:`InferResponse`
 (a binary tensor carries ``parameters.binary_data_size`` instead of ``data``). Decoding
-tensors is :mod:`wire.oip_messages`' job.
+tensors is :mod:`hybridflow_client.wire.oip_messages`' job.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
 
-from hybridflow.wire.dtypes import DATATYPES
+from hybridflow_client.wire.datatypes import DATATYPES
 
 #: Tensor datatypes this service accepts and returns (OIP names).
 Datatype = Literal[tuple(DATATYPES)]  # type: ignore[valid-type]

@@ -7,16 +7,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class TensorJSON(BaseModel):
-    """A tensor in the Open Inference Protocol's vocabulary; ``data`` is flat, row-major."""
-
-    datatype: str = Field(..., examples=["FP32"], description="BOOL, UINT8, INT8..INT64, FP16, BF16, FP32, FP64")
-    shape: list[int] = Field(..., examples=[[1]])
-    data: list[Any] = Field(..., examples=[[1.0]])
-
-
-class CallRequest(BaseModel):
-    """Positional and keyword arguments of a worker-group method call. A value may be a
+class CallBody(BaseModel):
+    """The JSON body of a call (the controller's message is ``control.contract.CallRequest``):
+    positional and keyword arguments of a worker-group method call. A value may be a
     JSON value, a tensor object (``{"datatype", "shape", "data"}``), or lists of them."""
 
     model_config = ConfigDict(extra="forbid")
@@ -46,7 +39,9 @@ class MethodDescription(BaseModel):
     read_only: bool = Field(..., description="changes no state: not journaled")
 
 
-class GroupSummary(BaseModel):
+class GroupBody(BaseModel):
+    """A group as the API answers it (the controller's message is ``control.contract.GroupSummary``)."""
+
     model_config = ConfigDict(extra="allow")
 
     name: str
@@ -92,7 +87,7 @@ class MeshDescription(BaseModel):
     collect_ranks: list[int] = Field(..., description="the rank whose output is collected, for each dp rank in order")
 
 
-class GroupDetail(GroupSummary):
+class GroupDetail(GroupBody):
     ranks: list[RankDetail] = Field(default_factory=list)
     meshes: dict[str, MeshDescription] | None = Field(
         None, description="the named meshes the group's workers declared (null when they declared none)"
@@ -100,7 +95,7 @@ class GroupDetail(GroupSummary):
 
 
 class GroupList(BaseModel):
-    groups: list[GroupSummary]
+    groups: list[GroupBody]
 
 
 class ErrorResponse(BaseModel):
@@ -133,7 +128,7 @@ CALL_BODY_DOC = {
     "requestBody": {
         "required": False,
         "content": {
-            "application/json": {"schema": CallRequest.model_json_schema()},
+            "application/json": {"schema": CallBody.model_json_schema()},
             "application/x-safetensors": {
                 "schema": {"type": "string", "format": "binary"},
                 "description": "keyword tensors by name; list items as name.0, name.1, ...",

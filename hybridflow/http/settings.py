@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork
 
 from hybridflow.config.service import LOOPBACK
-from hybridflow.wire.limits import WireLimits
+from hybridflow_client.wire.limits import WireLimits
 
 
 class ModelRoute(BaseModel):
@@ -35,7 +35,7 @@ class IngressSettings(BaseModel):
     max_body_bytes: int = Field(1 << 30, gt=0)
     request_timeout_s: float = Field(120.0, gt=0)
     max_split: int = 4096
-    #: Bounds on what a body may make the decoders build (wire.limits.WireLimits fields).
+    #: Bounds on what a body may make the decoders build (hybridflow_client.wire.limits.WireLimits fields).
     limits: dict[str, Any] = Field(default_factory=dict)
     #: group -> the deployment (controller) that owns it.
     groups: dict[str, str] = Field(default_factory=dict)

@@ -5,7 +5,7 @@ A request's tensors come either all in ``raw_input_contents`` (one little-endian
 row-major blob per input, in the inputs' order: what tritonclient sends) or all in the
 inputs' typed ``contents`` fields (``fp32_contents``, ``int_contents``, ...). Everything
 is checked before any model runs: names, datatypes (no BYTES), shapes against
-:class:`hybridflow.wire.limits.WireLimits`, each blob's size against its shape, typed
+:class:`hybridflow_client.wire.limits.WireLimits`, each blob's size against its shape, typed
 values' count and range, and the outputs asked for. Answers carry every output in
 ``raw_output_contents``, as Triton does. The proxy parses the protobuf; nothing here
 unpickles, and decoding costs in proportion to the tensors' bytes.
@@ -22,19 +22,11 @@ import numpy as np
 import torch
 from tritonclient.grpc import service_pb2 as pb
 
-from hybridflow.wire.dtypes import (
-    DATATYPE_OF,
-    check_shape,
-    itemsize,
-    numpy_to_torch,
-    plain_cpu,
-    tensor_from_buffer,
-    torch_dtype,
-    wire_numpy_dtype,
-)
-from hybridflow.wire.errors import WireError
-from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
-from hybridflow.wire.strict_json import dumps_compact
+from hybridflow_client.wire.datatypes import DATATYPES, check_datatype, check_shape, from_buffer, itemsize
+from hybridflow_client.wire.errors import WireError
+from hybridflow_client.wire.limits import DEFAULT_LIMITS, WireLimits
+from hybridflow_client.wire.strict_json import dumps_compact
+from hybridflow_client.wire.tensors import is_tensor, to_torch, to_wire, torch_dtype
 
 __all__ = [
     "VERSION",
@@ -108,7 +100,7 @@ def _from_raw(raw: bytes, position: int, datatype: str, shape: list[int], label:
             f"{label}: raw_input_contents[{position}] has {len(raw)} bytes but shape {shape} of {datatype} "
             f"needs {expected}"
         )
-    return tensor_from_buffer(memoryview(raw), datatype, shape, label)
+    return to_torch(from_buffer(raw, datatype, shape, label))
 
 
 def _from_typed(
@@ -132,7 +124,7 @@ def _from_typed(
     if len(values) != count:
         raise WireError(f"{label}: contents.{typed} has {len(values)} values but shape {shape} needs {count}")
     numbers = np.fromiter(values, dtype=_READ_AS[typed], count=count)
-    target = wire_numpy_dtype(datatype)
+    target = DATATYPES[datatype]
     if target.kind in "iu" and numbers.dtype.itemsize > target.itemsize and count:
         bounds = np.iinfo(target)
         low, high = int(numbers.min()), int(numbers.max())
@@ -182,7 +174,7 @@ def decode_infer_request(
     inputs: dict[str, torch.Tensor] = {}
     for position, entry in enumerate(entries):
         label = f"input {entry.name!r:.100}"
-        torch_dtype(entry.datatype, label)
+        check_datatype(entry.datatype, label)
         shape = check_shape(list(entry.shape), label, limits)
         _refuse_parameters(entry.parameters, _SHARED_MEMORY, label)
         if raws:
@@ -212,14 +204,8 @@ def chosen_outputs(call: InferCall, names: Sequence[str]) -> list[str]:
 
 
 def raw_bytes(tensor: torch.Tensor) -> bytes:
-    """A CPU tensor's little-endian row-major bytes in its wire datatype's layout."""
-    datatype = DATATYPE_OF[tensor.dtype]
-    tensor = tensor.contiguous()
-    if tensor.dtype is torch.bfloat16:
-        tensor = tensor.view(torch.int16)
-    elif tensor.dtype is torch.bool:
-        tensor = tensor.view(torch.uint8)
-    return tensor.numpy().astype(wire_numpy_dtype(datatype), copy=False).tobytes()
+    """A tensor's little-endian row-major bytes in its wire datatype's layout."""
+    return to_wire(tensor).to_bytes()
 
 
 def set_parameters(target: MutableMapping[str, Any], values: Mapping[str, Any]) -> None:
@@ -267,16 +253,14 @@ def encode_infer_response(
     for name in chosen:
         label = f"output {name!r}"
         tensor = outputs.get(name)
-        if isinstance(tensor, np.ndarray):
-            tensor = numpy_to_torch(tensor, label)
-        if not isinstance(tensor, torch.Tensor):
+        if not is_tensor(tensor):
             raise WireError(f"{label} is a {type(tensor).__name__}, not a tensor")
-        tensor = plain_cpu(tensor, label)
+        wire = to_wire(tensor, label)
         entry = response.outputs.add()
         entry.name = name
-        entry.datatype = DATATYPE_OF[tensor.dtype]
-        entry.shape.extend(tensor.shape)
-        blobs.append(raw_bytes(tensor))
+        entry.datatype = wire.datatype
+        entry.shape.extend(wire.shape)
+        blobs.append(wire.to_bytes())
     response.raw_output_contents.extend(blobs)
     return response
 

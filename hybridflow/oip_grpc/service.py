@@ -35,8 +35,8 @@ from hybridflow.oip_grpc.messages import (
     model_metadata_response,
 )
 from hybridflow.oip_grpc.status import GrpcError
-from hybridflow.wire.errors import WireError
-from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
+from hybridflow_client.wire.errors import WireError
+from hybridflow_client.wire.limits import DEFAULT_LIMITS, WireLimits
 
 Answer = TypeVar("Answer")
 Request = TypeVar("Request", bound=Message)

@@ -67,7 +67,8 @@ def build(args: dict[str, Any] | None = None) -> Application:
     for deployment in config.deployments:
         plan = plan_deployment(deployment, config, budget)
         controllers[deployment.name] = ControllerDeployment.options(
-            name=deployment.name, max_ongoing_requests=deployment.max_ongoing_requests, **plan.serve_options()
+            name=deployment.name, max_ongoing_requests=deployment.max_ongoing_requests, **plan.serve_options(),
+            **config.health_check_options(),
         ).bind(deployment.model_dump(mode="json"), plan, service, status_codes)
     jobs = JobsDeployment.bind(controllers, read_only, config.limits.model_dump())
     return Ingress.options(
@@ -96,6 +97,7 @@ def _controlling_ingress(
         ray_actor_options={"num_cpus": config.ingress_cpus},
         placement_group_bundles=bundles,
         placement_group_strategy="STRICT_PACK",
+        **config.health_check_options(),
     ).bind(
         [d.model_dump(mode="json") for d in config.deployments], plans, shifts, service, status_codes,
         ingress_settings(config).model_dump(), jobs,

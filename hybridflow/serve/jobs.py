@@ -39,7 +39,7 @@ from ray import serve
 from hybridflow.config import LimitsConfig
 from hybridflow.control.contract import CallRequest, CallResult, ControllerError, ErrorKind, first_line
 from hybridflow.state.idempotency import estimate_bytes
-from hybridflow.wire.errors import WireError
+from hybridflow_client.wire.errors import WireError
 
 if TYPE_CHECKING:
     from hybridflow.wire.split import SplitCall

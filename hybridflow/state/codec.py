@@ -28,7 +28,7 @@ What comes back (the decisions a round trip leaves open):
   scalar (``np.float32(1.5)``) as a numpy scalar of the same dtype.
 - A verl ``DataProto`` or ``TensorDict`` comes back as one, with the same tensors (as
   above; a jagged tensor as jagged), non-tensor columns and metadata, in the form the HTTP
-  wire gives it (wire.dataproto, wire.tensordicts: Python values are JSON values there).
+  wire gives it (hybridflow_client.wire.tensordicts: Python values are JSON values there).
 - Anything else (objects, sets, complex128, sparse or quantized tensors, numpy object or
   string arrays, ``int`` or ``dict`` subclasses such as enums, nesting deeper than
   :data:`MAX_DEPTH`) raises :class:`StateCodecError`, a ``ValueError`` whose message
@@ -53,10 +53,12 @@ import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
-from hybridflow.wire.dataproto import is_dataproto
-from hybridflow.wire.errors import WireError
-from hybridflow.wire.limits import MAX_DEPTH as WIRE_MAX_DEPTH
-from hybridflow.wire.tensordicts import batch_document, build_batch, is_tensordict
+from hybridflow.wire.torch_builder import TORCH_BUILDER
+from hybridflow_client.wire.dataproto import is_dataproto
+from hybridflow_client.wire.errors import WireError
+from hybridflow_client.wire.limits import DEFAULT_LIMITS
+from hybridflow_client.wire.limits import MAX_DEPTH as WIRE_MAX_DEPTH
+from hybridflow_client.wire.tensordicts import batch_document, build_batch, is_tensordict
 
 __all__ = [
     "MAX_DEPTH", "StateCodecError", "decode_answer", "decode_call", "decode_snapshot", "decode_value",
@@ -209,11 +211,7 @@ class _Encoder(_Walker):
             raise _PathError("a tensor on the meta device has no data")
         if value.dtype not in TENSOR_DTYPES:
             raise _PathError(f"unsupported tensor dtype {value.dtype}")
-        tensor = value.detach().cpu()
-        if tensor.is_conj():
-            tensor = tensor.resolve_conj()
-        if tensor.is_neg():
-            tensor = tensor.resolve_neg()
+        tensor = value.detach().cpu().resolve_conj().resolve_neg()  # each a no-op unless it applies
         return tensor.contiguous().as_subclass(torch.Tensor)
 
     @staticmethod
@@ -351,7 +349,7 @@ class _Decoder(_Walker):
             raise _PathError(f"{tag} needs an object with document and tensors")
         tensors = {key: self._take(index) for key, index in payload["tensors"].items()}
         try:
-            data = build_batch(payload["document"], tensors, _BATCHES[tag])
+            data = build_batch(payload["document"], tensors, _BATCHES[tag], DEFAULT_LIMITS, TORCH_BUILDER)
         except WireError as exc:
             raise _PathError(str(exc)) from None
         if is_tensordict(data) != (tag == "$tensordict"):

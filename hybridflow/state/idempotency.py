@@ -11,6 +11,7 @@ per key once its request finished and its answer was not.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
@@ -20,27 +21,118 @@ import numpy as np
 
 T = TypeVar("T")
 
-#: Bytes counted for any object that is not a tensor, array, string or container.
+#: Bytes counted for any object that is not a tensor, array, string or container (a
+#: number, None...), and for each container itself.
 OBJECT_BYTES = 64
+#: How deep containers are walked; anything deeper counts as one object.
+MAX_DEPTH = 64
+#: Strings and bytes this long are counted once however often they are referenced.
+_SHARED_BYTES = 4096
+_SCALARS = frozenset({int, float, bool, complex, type(None)})
+_TEXT = frozenset({str, bytes, bytearray})
 
 
-def estimate_bytes(value: Any, _depth: int = 0) -> int:
-    """Roughly how much memory a value holds: tensors and arrays by their bytes,
-    strings by length, containers by their items (walked to a bounded depth)."""
-    if _depth > 64:
+def _tensor_bytes(tensor: Any, seen: set[int]) -> int:
+    """The bytes of the storages a tensor keeps alive (a view keeps its whole storage),
+    each storage counted once; a jagged tensor's values and offsets."""
+    if tensor.is_nested:
+        import torch  # loaded: this is one of its tensors
+
+        parts = [tensor.values()]
+        if tensor.layout == torch.jagged:
+            parts += [tensor.offsets(), tensor.lengths()]
+        return sum(_tensor_bytes(part, seen) for part in parts if part is not None)
+    own = tensor.numel() * tensor.element_size()
+    try:
+        storage = tensor.untyped_storage()
+        key, size = storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+        return own + OBJECT_BYTES
+    if key in seen:
         return OBJECT_BYTES
-    nbytes = getattr(value, "nbytes", None)
-    if isinstance(nbytes, int) and not isinstance(value, np.generic):
-        return nbytes + OBJECT_BYTES
-    if isinstance(value, (str, bytes, bytearray)):
-        return len(value) + OBJECT_BYTES
+    if key:
+        seen.add(key)
+    return max(own, size) + OBJECT_BYTES
+
+
+def _children(value: Any, modules: dict[str, Any]) -> Any:
+    """What a container holds, or None for a value counted by itself."""
+    tensordict = modules.get("tensordict")
+    if tensordict is not None:
+        if isinstance(value, tensordict.NonTensorStack):
+            column = modules.get("single_controller.object_column")
+            if column is not None and value.batch_dims == 1:
+                return column.column_values(value)  # an ObjectColumn's list, no member per row
+            return value.tolist()
+        if isinstance(value, tensordict.NonTensorData):
+            return (value.data,)
+        if isinstance(value, tensordict.TensorDictBase):
+            return [value.get(key) for key in value.keys()]
     if isinstance(value, Mapping):
-        return OBJECT_BYTES + sum(estimate_bytes(k, _depth + 1) + estimate_bytes(v, _depth + 1) for k, v in value.items())
+        return [item for pair in value.items() for item in pair]
     if isinstance(value, (list, tuple, set, frozenset)):
-        return OBJECT_BYTES + sum(estimate_bytes(v, _depth + 1) for v in value)
+        return value
+    if isinstance(value, np.ndarray) and value.dtype.kind == "O":
+        return value.reshape(-1).tolist()
     if hasattr(value, "__dict__") and not isinstance(value, type):
-        return OBJECT_BYTES + estimate_bytes(vars(value), _depth + 1)
-    return OBJECT_BYTES
+        return vars(value).values()
+    return None
+
+
+def estimate_bytes(value: Any, stop_above: int | None = None) -> int:
+    """How much memory a value keeps, counted by its content: tensors by their storages,
+    numeric arrays by their bytes, strings and bytes by their size; containers, numpy
+    object arrays, TensorDicts, ``NonTensorData``, object columns (``NonTensorStack``),
+    DataProtos and other objects by what they hold (walked ``MAX_DEPTH`` deep, each
+    container and large string once, so shared parts and cycles are not counted again).
+    Stops once the count passes ``stop_above`` (the number returned is then only known to
+    be over it). Costs a step per object it counts: in proportion to the value's size."""
+    torch = sys.modules.get("torch")
+    modules = sys.modules
+    seen: set[int] = set()
+    total = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack and (stop_above is None or total <= stop_above):
+        node, depth = stack.pop()
+        kind = type(node)
+        if kind in _SCALARS:
+            total += OBJECT_BYTES
+            continue
+        if kind in _TEXT:
+            size = sys.getsizeof(node)
+            if size >= _SHARED_BYTES:
+                if id(node) in seen:
+                    continue
+                seen.add(id(node))
+            total += size
+            continue
+        if torch is not None and isinstance(node, torch.Tensor):
+            total += _tensor_bytes(node, seen)
+            continue
+        if isinstance(node, np.ndarray) and node.dtype.kind != "O":
+            total += node.nbytes + OBJECT_BYTES
+            continue
+        if depth >= MAX_DEPTH or id(node) in seen:
+            total += OBJECT_BYTES
+            continue
+        children = _children(node, modules)
+        total += OBJECT_BYTES
+        if children is None:
+            continue
+        seen.add(id(node))
+        if isinstance(node, np.ndarray):
+            total += 8 * node.size  # its pointers
+        for child in children:
+            if stop_above is not None and total > stop_above:
+                break
+            child_kind = type(child)
+            if child_kind in _SCALARS:  # the common case of a large column, without a stack entry
+                total += OBJECT_BYTES
+            elif child_kind is str and len(child) < _SHARED_BYTES // 4:
+                total += sys.getsizeof(child)
+            else:
+                stack.append((child, depth + 1))
+    return total
 
 
 class IdempotencyConflict(Exception):

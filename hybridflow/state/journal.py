@@ -68,10 +68,6 @@ class Journal:
             self._waiters = waiting
 
     @property
-    def inflight(self) -> int:
-        return len(self._inflight)
-
-    @property
     def next_seq(self) -> int:
         return self._next_seq
 

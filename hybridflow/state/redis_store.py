@@ -327,11 +327,6 @@ class RedisStateStore(StateStore):
             self._record_script(keys=self._record_keys(scope, staged),
                                 args=[seq, b"", scope, *self._answer_args(answer), generation])
 
-    def _put_answer(self, scope: str, answer: StoredAnswer) -> bool:
-        keys = self._record_keys(scope, self._entry_prefix(scope))
-        with self._calls():
-            return bool(self._record_script(keys=keys, args=["", "", scope, *self._answer_args(answer), ""]))
-
     @contextmanager
     def _staged(self, staged: str, parts: list[bytes]) -> Iterator[None]:
         """Write ``parts`` under the key ``staged`` a command each (other clients go

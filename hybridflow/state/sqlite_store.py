@@ -294,10 +294,6 @@ class SQLiteStateStore(StateStore):
         if answer is not None:
             self._insert_answer(conn, scope, answer)
 
-    def _put_answer(self, scope: str, answer: StoredAnswer) -> bool:
-        with self._write() as conn:
-            return self._insert_answer(conn, scope, answer)
-
     def _insert_answer(self, conn: sqlite3.Connection, scope: str, answer: StoredAnswer) -> bool:
         kept = self._as_kept(answer)
         size = len(kept.answer) if kept.answer is not None else 0

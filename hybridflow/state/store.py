@@ -219,20 +219,6 @@ class StateStore(ABC):
         snapshot = _check_bytes("snapshot", snapshot)
         self._snapshot(scope, seq, self._parts(snapshot))
 
-    def put_answer(self, scope: str, answer: StoredAnswer) -> StoredAnswer:
-        """Store an idempotency answer of a call that is not journaled (a read-only call,
-        or an error answer). Returns the answer stored under the key: ``answer``, or the
-        first one when the key was already there. An answer over ``max_answer_bytes`` is
-        stored without its body (``answer=None``). Oldest answers are evicted first when
-        the scope holds more than ``max_answers`` or ``max_answer_bytes``."""
-        _check_scope(scope)
-        _check_answer(answer)
-        if not self._put_answer(scope, answer):
-            stored = self._get_answer(scope, answer.key)
-            if stored is not None:
-                return stored
-        return self._as_kept(answer)
-
     def get_answer(self, scope: str, key: str) -> StoredAnswer | None:
         """The answer stored under an Idempotency-Key, or None."""
         _check_scope(scope)
@@ -289,11 +275,6 @@ class StateStore(ABC):
 
     @abstractmethod
     def _snapshot(self, scope: str, seq: int, parts: list[bytes]) -> None: ...
-
-    @abstractmethod
-    def _put_answer(self, scope: str, answer: StoredAnswer) -> bool:
-        """Store the answer (as :meth:`_as_kept` says) unless its key is there; return
-        whether it was stored."""
 
     @abstractmethod
     def _get_answer(self, scope: str, key: str) -> StoredAnswer | None: ...

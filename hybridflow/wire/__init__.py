@@ -1,19 +1,9 @@
-"""Tensors on the wire, shared by the server and the client: numpy, torch, safetensors and
-the standard library only (no FastAPI, pydantic or Ray).
+"""The server's side of the wire. The wire formats themselves (JSON tensor objects,
+safetensors bodies, OIP messages, DataProto and TensorDict documents, limits and
+``WireError``) are :mod:`hybridflow_client.wire`, one implementation for the server and
+the client; it decodes into numpy arrays and hands them to a builder.
 
-- :mod:`wire.dtypes`: OIP datatype names <-> torch/numpy, item sizes, shape checks.
-- :mod:`wire.json_tensors`: OIP JSON tensor objects; decoding and encoding nested values.
-- :mod:`wire.safetensors_call`: safetensors bodies, a call's arguments and an output's packing.
-- :mod:`wire.oip_messages`: OIP inference requests and responses, binary data extension.
-- :mod:`wire.strict_json`: the one strict JSON loader.
-- :mod:`wire.split`: a job's split of its dp-list argument, lazy and bounded.
-- :mod:`wire.limits`: the bounds every decoder takes; :mod:`wire.errors`: :class:`WireError`.
-
-Bytes from the network are only ever parsed as JSON, safetensors or raw little-endian
-numbers; nothing here unpickles.
+- :mod:`hybridflow.wire.torch_builder`: the server's builder, which makes torch tensors (views
+  of the body where they can be) and the library's DataProto and TensorDict of them.
+- :mod:`hybridflow.wire.split`: a job's split of its dp-list argument, lazy and bounded.
 """
-
-from hybridflow.wire.errors import WireError
-from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
-
-__all__ = ["DEFAULT_LIMITS", "WireError", "WireLimits"]

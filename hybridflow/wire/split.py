@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from hybridflow.wire.errors import WireError
-from hybridflow.wire.limits import DEFAULT_LIMITS, WireLimits
+from hybridflow_client.wire.errors import WireError
+from hybridflow_client.wire.limits import DEFAULT_LIMITS, WireLimits
 
 __all__ = ["SplitCall", "split_call"]
 

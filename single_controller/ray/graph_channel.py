@@ -42,8 +42,9 @@ logger = logging.getLogger(__name__)
 Step = tuple[str, tuple, dict] | None
 
 
-class GraphClosed(RuntimeError):
-    """The channel's graph was torn down, or failed and went out of step."""
+class GraphClosed(ray.exceptions.RayError):
+    """The channel's graph was torn down, or failed and went out of step: like a lost
+    worker, the group needs a new one."""
 
 
 class GraphChannel:
@@ -130,10 +131,9 @@ class GraphChannel:
             for ref in refs:  # every rank's answer is read, so the graph stays in step
                 try:
                     outcomes.append((True, ray.get(ref, timeout=-1 if self.read_timeout_s is None else self.read_timeout_s)))
-                except ray.exceptions.RayTaskError as exc:  # the method raised: the graph goes on
-                    outcomes.append((False, exc))
-                except BaseException as exc:  # a lost rank, a timeout: out of step
-                    self._close(exc)
+                except BaseException as exc:
+                    if not _method_raised(exc):  # a lost rank, a closed channel, a timeout: out of step
+                        self._close(exc)
                     outcomes.append((False, exc))
         finally:
             self._slots.release()
@@ -164,6 +164,15 @@ class GraphChannel:
         # reads end with the graph's channels.
         self._writer.shutdown(wait=False)
         self._reader.shutdown(wait=False)
+
+
+def _method_raised(exc: BaseException) -> bool:
+    """Whether a rank's answer is its method's own exception (the graph goes on), not a
+    lost rank or channel reported as a task's error."""
+    if not isinstance(exc, ray.exceptions.RayTaskError) or isinstance(exc, ray.exceptions.RayActorError):
+        return False
+    cause = getattr(exc, "cause", None)
+    return not isinstance(cause, ray.exceptions.RayError)
 
 
 def _settle(futures: list[asyncio.Future], outcomes: list[tuple[bool, Any]]) -> None:

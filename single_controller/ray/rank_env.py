@@ -27,7 +27,7 @@ RANK_ENV_KWARG = "_single_controller_rank_env"
 #: "1" in a rank's environment: the rank sends plain CPU tensors, its return values
 #: included, to Ray out of band (single_controller.ray.tensor_transport), provided its
 #: class's module loaded torch by the time the actor starts.
-TENSORS_OUT_OF_BAND_ENV = "SC_TENSORS_OUT_OF_BAND"
+TENSORS_OUT_OF_BAND_ENV = "HYBRIDFLOW_TENSORS_OUT_OF_BAND"
 
 #: What a group sets on each of its ranks (rank, layout, rendezvous, the group's identity,
 #: the tensor transport); a group's ``worker_env`` may add variables but not set these.

@@ -1,5 +1,5 @@
 """`make image-test`: the image built from the Dockerfile, run as the README tells a user
-(`docker run --init -p ... --shm-size=2g -e SC_AUTH_TOKEN=... hybridflow-serve`), answering
+(`docker run --init -p ... --shm-size=2g -e HYBRIDFLOW_TOKEN=... hybridflow-serve`), answering
 the tutorial over HTTP, refusing calls without the token, and reporting healthy."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def running() -> Iterator[RunningImage]:
     name = f"hybridflow-imagetest-{os.getpid()}"
     port = free_port()
     docker("run", "-d", "--init", "--name", name, "-p", f"127.0.0.1:{port}:8000", "--shm-size=2g",
-           "-e", f"SC_AUTH_TOKEN={TOKEN}", IMAGE)
+           "-e", f"HYBRIDFLOW_TOKEN={TOKEN}", IMAGE)
     url = f"http://127.0.0.1:{port}"
     headers = {"Authorization": f"Bearer {TOKEN}"}
     try:

@@ -25,7 +25,7 @@ KILL_REPLICA = """
 import sys, ray
 ray.init(address=sys.argv[1], logging_level="ERROR")
 names = [a for a in ray.util.list_named_actors(all_namespaces=True)
-         if a["name"].startswith("SERVE_REPLICA::") and "#" + sys.argv[2] + "#" in a["name"]]
+         if a["name"].startswith("SERVE_REPLICA::" + sys.argv[3] + "#" + sys.argv[2] + "#")]
 assert len(names) == 1, names
 ray.kill(ray.get_actor(names[0]["name"], namespace=names[0]["namespace"]), no_restart=True)
 print(names[0]["name"])
@@ -45,7 +45,7 @@ def kill_actor(service: ServeProcess, namespace: str, name: str) -> None:
 
 def kill_replica(service: ServeProcess, deployment: str) -> str:
     """Kill the one Serve replica of ``deployment`` (as a crash would); its actor name."""
-    killed = subprocess.run([sys.executable, "-c", KILL_REPLICA, service.gcs_address(), deployment],
+    killed = subprocess.run([sys.executable, "-c", KILL_REPLICA, service.gcs_address(), deployment, service.app_name],
                             check=True, timeout=120, capture_output=True, text=True)
     return killed.stdout.strip().splitlines()[-1]
 
@@ -84,15 +84,22 @@ def metrics_endpoints(service: ServeProcess) -> list[str]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-class Samples:
-    """One scrape of every endpoint: samples by name, each with its labels."""
+#: The Serve application whose metrics the tests read (serve_config.yaml's): the session's
+#: cluster serves others beside it, whose series carry the same names.
+SHIPPED_APPLICATION = "hybridflow"
 
-    def __init__(self, endpoints: list[str]) -> None:
+
+class Samples:
+    """One scrape of every endpoint: samples by name, each with its labels, those of one
+    Serve application (and those of no application, such as a node's)."""
+
+    def __init__(self, endpoints: list[str], application: str = SHIPPED_APPLICATION) -> None:
         self.samples: list[tuple[str, dict[str, str], float]] = []
         for url in endpoints:
             text = httpx.get(url, timeout=30).text
             for family in text_string_to_metric_families(text):
-                self.samples.extend((s.name, s.labels, s.value) for s in family.samples)
+                self.samples.extend((s.name, s.labels, s.value) for s in family.samples
+                                    if s.labels.get("application", application) == application)
 
     def matching(self, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
         return [
@@ -116,3 +123,36 @@ def scrape_until(endpoints: list[str], done: Callable[[Samples], bool], timeout_
         if time.monotonic() > deadline:
             raise AssertionError(f"the metrics did not show it within {timeout_s:g} s")
         time.sleep(1)
+
+
+def _named_application(application: str):
+    """A gRPC client interceptor adding ``application: <name>`` to every call's metadata."""
+    import collections
+
+    import grpc
+
+    fields = ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+
+    class Details(collections.namedtuple("Details", fields), grpc.ClientCallDetails):
+        pass
+
+    class NamedApplication(grpc.UnaryUnaryClientInterceptor):
+        def intercept_unary_unary(self, continuation, details, request):
+            metadata = [*(details.metadata or ()), ("application", application)]
+            named = Details(details.method, details.timeout, metadata, details.credentials,
+                            getattr(details, "wait_for_ready", None), getattr(details, "compression", None))
+            return continuation(named, request)
+
+    return NamedApplication()
+
+
+def triton_grpc(address: str, application: str = SHIPPED_APPLICATION):
+    """A ``tritonclient.grpc`` client whose calls name ``application``: Serve's gRPC proxy
+    routes by it when the cluster serves several applications (with one, it needs none)."""
+    import grpc
+    from tritonclient.grpc import InferenceServerClient, service_pb2_grpc
+
+    client = InferenceServerClient(address)
+    channel = grpc.intercept_channel(client._channel, _named_application(application))
+    client._client_stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    return client

@@ -1,15 +1,21 @@
-"""The end-to-end tests' services beside the session's (tests/conftest.py: serve_config.yaml
-as shipped, its controllers inside its one ingress replica), each started by the first test
-that asks for it and stopped after its last:
+"""The end-to-end tests' services, each started by the first test that asks for it:
 
-- the second service: serve_config.yaml's test_actor deployment, its accumulators cut to
-  the pool of 4, and a deployment of worker classes from a package outside the project (a
-  temporary directory on PYTHONPATH), with a bearer token, a 1 KiB body limit, a 3 s
-  request timeout, and the ingress scaled out to two replicas, so the controllers run in
-  replicas of their own;
-- the third service: small groups for the state store's bounds and a group that declares
-  a mesh (its workers from another package outside the project).
+- the session's service (``service``): ``serve run serve_config.yaml`` as a user starts
+  it (its state in a file of the session's own), its controllers inside its one ingress
+  replica. Its Ray cluster is the one the other applications below share: they are more
+  Serve applications of this project in it (``tests/serve_app.py``), each under a route
+  prefix of its own, deleted after its last test;
+- the second application, ``/second``: serve_config.yaml's test_actor deployment, its
+  accumulators cut to the pool of 4, and a deployment of worker classes from a package
+  outside the project (on the cluster's PYTHONPATH), with a bearer token, a 1 KiB body
+  limit, a 3 s request timeout, and the ingress scaled out to two replicas, so the
+  controllers run in replicas of their own;
+- the third application, ``/small``: small groups for the state store's bounds and a
+  group that declares a mesh (its workers from another package outside the project),
+  health-checked every 2 s, with the byte bounds of kept answers and job results lowered
+  (``SMALL_LIMITS``).
 
+Modules that restart ``serve run`` start clusters of their own (marked ``own_cluster``).
 Every module runs alone and in any order: each asks for the services it uses.
 """
 
@@ -20,9 +26,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
-from tests.serve_process import CONFIG, ServeProcess
+from tests.serve_app import ServeApp, shipped_args
+from tests.serve_process import ServeProcess
 
 TOKEN = "s3cret-token"
 
@@ -128,16 +134,21 @@ MESH_DEPLOYMENT = {
 
 #: The third service's snapshot interval (calls per snapshot).
 SNAPSHOT_EVERY = 100
-#: Seconds between Serve's health checks of the third service's ingress replica, which
-#: hosts its controllers (Serve's default is 10): a test that watches what the checks do
-#: waits a few of them.
+#: The small application's byte bounds of kept Idempotency-Key answers and finished jobs'
+#: results (defaults 256 MiB and 1 GiB): a few answers of 8 MiB pass them.
+SMALL_LIMITS = {"idempotency_bytes": 64 << 20, "jobs_result_bytes": 16 << 20}
+#: Serve's health checks of the small application's ingress replica, which hosts its
+#: controllers: every 2 s (Serve's default is 10), failing after 10 s (30), and a worker
+#: lost after 5 s without a ping's answer (10): a test that watches what the checks do, or
+#: outlasts one, waits a few seconds.
 SMALL_HEALTH_CHECK_PERIOD_S = 2
+SMALL_HEALTH_CHECK_TIMEOUT_S = 10
+SMALL_PING_TIMEOUT_S = 5
 
 
 def shipped_deployment(name: str, groups: tuple[str, ...] | None = None) -> dict:
     """serve_config.yaml's deployment ``name``, with only the named groups if given."""
-    args = yaml.safe_load(Path(CONFIG).read_text())["applications"][0]["args"]
-    deployment = next(d for d in args["deployments"] if d["name"] == name)
+    deployment = next(d for d in shipped_args()["deployments"] if d["name"] == name)
     if groups is None:
         return deployment
     return {**deployment, "groups": [g for g in deployment["groups"] if g["name"] in groups]}
@@ -160,80 +171,103 @@ def _small_deployments() -> list[dict]:
 
 
 @pytest.fixture(scope="session")
-def small_service(tmp_path_factory):
-    """The third service (the state store's bounds, and a group that declares a mesh):
-    test_actor on 2 ranks, the plain accumulator, the mesh deployment from a package
-    outside the project, snapshots every 100 calls, a SQLite file of its own
-    (``.state_path``), a health check every ``SMALL_HEALTH_CHECK_PERIOD_S``. Started by its
-    first user, stopped after its last."""
-    packages = write_package(tmp_path_factory.mktemp("mesh-workers"), "my_meshes", MESH_WORKERS)
-    state = tmp_path_factory.mktemp("small-state") / "state.db"
-    proc = ServeProcess(overrides={"deployments": [*_small_deployments(), MESH_DEPLOYMENT],
-                                   "state": {"snapshot_every": SNAPSHOT_EVERY}},
-                        env={"PYTHONPATH": str(packages)}, state_path=state,
-                        serve_options={"ingress": {"health_check_period_s": SMALL_HEALTH_CHECK_PERIOD_S}})
-    proc.state_path = state
+def outside_packages(tmp_path_factory) -> Path:
+    """Worker packages the project has never seen, on the session cluster's PYTHONPATH."""
+    root = tmp_path_factory.mktemp("outside")
+    write_package(root, "my_counters", OWN_WORKERS)
+    return write_package(root, "my_meshes", MESH_WORKERS)
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory, outside_packages):
+    """`serve run serve_config.yaml` as a user would start it, shared by the session
+    (its cold start is the most expensive step of the suite), with fresh state in a file
+    of its own (not the checkout's .hybridflow/state.db)."""
+    state = {**shipped_args()["state"], "path": str(tmp_path_factory.mktemp("service-state") / "state.db")}
+    # Ray exports recorded metrics every 10 s by default; every 2 s here, so the tests that
+    # wait for a metric to show wait less (the service is otherwise as shipped).
+    proc = ServeProcess(overrides={"state": state},
+                        env={"RAY_metrics_report_interval_ms": "2000", "PYTHONPATH": str(outside_packages)})
     try:
         yield proc.start()
     finally:
         proc.kill()
 
 
+@pytest.fixture(scope="module")
+def http(service):
+    # A module before this one may have left groups rebuilding (a killed worker or replica):
+    # every module starts on a service whose groups all serve.
+    service.wait_ready(timeout_s=300)
+    with httpx.Client(base_url=service.url, timeout=300) as client:
+        yield client
+
+
+def application(service: ServeProcess, name: str, tmp_path_factory, **args) -> ServeApp:
+    """Another application in the session service's cluster, its state in a file of its own."""
+    state = tmp_path_factory.mktemp(f"{name}-state") / "state.db"
+    app = ServeApp(service, name, {**shipped_args(), **args, "state": {**args.get("state", {}), "path": str(state)}})
+    app.state_path = state
+    return app
+
+
 @pytest.fixture(scope="session")
-def second_service(tmp_path_factory):
-    """The second service's ``serve run``, launched by the first test that asks for it
-    (not waited for: ``limited`` waits until it is ready)."""
-    packages = write_package(tmp_path_factory.mktemp("outside"), "my_counters", OWN_WORKERS)
-    test_actor = shipped_deployment("test_actor")
-    accumulators = shipped_deployment("accumulators", ("gpu_accumulator",))
-    proc = ServeProcess(
-        overrides={"max_body_bytes": 1024, "request_timeout_s": 3, "ingress_replicas": 2,
-                   "deployments": [test_actor, accumulators, OWN_DEPLOYMENT]},
-        env={"SC_AUTH_TOKEN": TOKEN, "PYTHONPATH": str(packages)},
-        state_path=tmp_path_factory.mktemp("limited-state") / "state.db",
+def small_service(service, tmp_path_factory):
+    """The third application (the state store's bounds, and a group that declares a mesh):
+    test_actor on 2 ranks, the plain accumulator, the mesh deployment from a package
+    outside the project, snapshots every 100 calls, a SQLite file of its own
+    (``.state_path``), the short health checks above, the byte bounds ``SMALL_LIMITS``.
+    Started by its first user, deleted after its last."""
+    app = application(service, "small", tmp_path_factory, deployments=[*_small_deployments(), MESH_DEPLOYMENT],
+                      state={"snapshot_every": SNAPSHOT_EVERY}, limits=SMALL_LIMITS,
+                      health_check_period_s=SMALL_HEALTH_CHECK_PERIOD_S,
+                      health_check_timeout_s=SMALL_HEALTH_CHECK_TIMEOUT_S, health_timeout_s=SMALL_PING_TIMEOUT_S)
+    try:
+        yield app.start()
+    finally:
+        app.kill()
+
+
+@pytest.fixture(scope="session")
+def second_service(service, tmp_path_factory):
+    """The second application, deployed by the first test that asks for it (not waited
+    for: ``limited`` waits until it is ready)."""
+    app = application(
+        service, "second", tmp_path_factory, max_body_bytes=1024, request_timeout_s=3, ingress_replicas=2,
+        auth_token=TOKEN, deployments=[shipped_deployment("test_actor"),
+                                       shipped_deployment("accumulators", ("gpu_accumulator",)), OWN_DEPLOYMENT],
     )
     try:
-        yield proc
+        yield app
     finally:
-        proc.kill()
+        app.kill()
 
 
 @pytest.fixture(scope="session")
 def limited(second_service):
-    return second_service.ensure_launched().wait_ready()  # readiness is an open route: no token needed
+    return second_service.deploy().wait_ready()  # readiness is an open route: no token needed
 
 
-#: Fixtures that mean a test runs on a session service (the first or the second).
-SESSION_FIXTURES = ("service",)
-SECOND_FIXTURES = ("limited", "second_service")
+#: The applications deleted after their last test, in the order their modules run: while
+#: one of them runs the session's cluster holds it and the shipped service only.
+APPLICATIONS = ("small_service", "second_service")
 
 
-def _service_rank(fixtures: set[str]) -> int:
-    session, second = bool(fixtures.intersection(SESSION_FIXTURES)), bool(fixtures.intersection(SECOND_FIXTURES))
-    return 3 if second and not session else 2 if second else 1 if session else 0
+def _module_rank(fixtures: set[str]) -> int:
+    """Modules on the shipped service alone first (some read its groups as a fresh start
+    leaves them), then those on the small application, then those on the second."""
+    return next((rank + 1 for rank, name in enumerate(APPLICATIONS) if name in fixtures), 0)
 
 
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "shipped_service: the test uses the session's service, serve_config.yaml as shipped "
-        "(set from the fixtures it asks for; `make test` runs these tests beside the others)",
-    )
-
-
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by the marker set here
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by a marker
 def pytest_collection_modifyitems(items):
-    # Every module passes alone and in any order; this order only keeps at most two Ray
-    # clusters on the machine at once: modules with a service of their own run first,
-    # each alone, then those on the session's service, then those on both, then those on
-    # the second alone (each session service stops after its last user).
-    for item in items:
-        if set(SESSION_FIXTURES).intersection(item.fixturenames):
-            item.add_marker(pytest.mark.shipped_service)
+    # Every module passes alone and in any order; this order keeps one extra application at
+    # a time in the session's cluster (each is deleted after its last user), and the
+    # shipped service's groups as a fresh start leaves them for the modules that run first.
     fixtures_of_module: dict[str, set[str]] = {}
     for item in items:
         fixtures_of_module.setdefault(item.nodeid.split("::", 1)[0], set()).update(item.fixturenames)
-    items.sort(key=lambda item: _service_rank(fixtures_of_module[item.nodeid.split("::", 1)[0]]))  # stable
+    items.sort(key=lambda item: _module_rank(fixtures_of_module[item.nodeid.split("::", 1)[0]]))  # stable
     for item in items:  # the last test to use each service stops it (see below)
         for name in SERVICES:
             if name in item.fixturenames:

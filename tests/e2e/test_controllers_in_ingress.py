@@ -19,15 +19,16 @@ REPLICAS = """
 import json, sys, ray
 ray.init(address=sys.argv[1], logging_level="ERROR")
 from ray.util import list_named_actors
-names = [a["name"] for a in list_named_actors(all_namespaces=True) if a["name"].startswith("SERVE_REPLICA::")]
+prefix = "SERVE_REPLICA::" + sys.argv[2] + "#"
+names = [a["name"] for a in list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
 print(json.dumps([n.split("#")[1] for n in names if n.count("#") == 2]))
 """
 
 
 def replicas(proc) -> Counter:
-    """Replicas per deployment of a running service, read from Ray's actor list."""
-    listed = subprocess.run([sys.executable, "-c", REPLICAS, proc.gcs_address()], capture_output=True, text=True,
-                            timeout=120)
+    """Replicas per deployment of a running application, read from Ray's actor list."""
+    listed = subprocess.run([sys.executable, "-c", REPLICAS, proc.gcs_address(), proc.app_name], capture_output=True,
+                            text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr[-2000:]
     return Counter(json.loads(listed.stdout.strip().splitlines()[-1]))
 
@@ -61,7 +62,7 @@ def test_the_shipped_config_hosts_the_controllers_in_its_one_ingress_replica(ser
 
 
 def test_a_scaled_out_ingress_keeps_the_controllers_in_replicas_of_their_own(limited, client):
-    assert limited.overrides["ingress_replicas"] == 2
+    assert limited.args["ingress_replicas"] == 2
     calls_details_models_and_jobs(client)
     layout = replicas(limited)
     assert layout["ingress"] == 2, layout

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from tests.e2e.cluster import Samples, metrics_endpoints, scrape_until
+from tests.e2e.cluster import Samples, metrics_endpoints, scrape_until, triton_grpc
 from tests.e2e.conftest import TOKEN
 from tests.serve_process import CONFIG
 
@@ -47,7 +47,7 @@ def status_of(call) -> str:
 
 @pytest.fixture(scope="module")
 def triton(service):
-    client = tritongrpc.InferenceServerClient(service.grpc_address)
+    client = triton_grpc(service.grpc_address, service.app_name)
     yield client
     client.close()
 
@@ -89,7 +89,8 @@ def test_typed_contents_through_the_proxy(service):
     request = service_pb2.ModelInferRequest(model_name="checksum")
     request.inputs.add(name="x", datatype="FP32", shape=[1, 1, 3]).contents.fp32_contents.extend([1, 2, 3.5])
     with grpc.insecure_channel(service.grpc_address) as channel:
-        answer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=60)
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        answer = stub.ModelInfer(request, timeout=60, metadata=[("application", service.app_name)])
     assert [o.datatype for o in answer.outputs] == ["FP64"]
     assert np.frombuffer(answer.raw_output_contents[0], "<f8").tolist() == [6.5]
 
@@ -141,7 +142,7 @@ def test_refusals_carry_status_codes_and_are_counted(service, triton):
 
 
 def test_the_token_and_the_size_bound(limited):
-    client = tritongrpc.InferenceServerClient(limited.grpc_address)
+    client = triton_grpc(limited.grpc_address, limited.app_name)
     bearer = {"authorization": f"Bearer {TOKEN}"}
     try:
         assert client.is_server_live() and client.is_server_ready()  # open, like the HTTP probes

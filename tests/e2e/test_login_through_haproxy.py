@@ -1,7 +1,7 @@
 """The sign-in limit on the request path ``make serve`` runs: HAProxy (deploy/haproxy.env)
-in front of the ingress replica, on a service of its own with a token, one group (the
-plain accumulator) and small bounds: 3 wrong tokens per client address and 8 for all
-clients together in a minute.
+in front of the ingress replica, on an application of its own in the session's cluster
+with a token, one group (the plain accumulator) and small bounds: 3 wrong tokens per
+client address and 8 for all clients together in a minute.
 
 Serve's HAProxy names no client (its template sets no ``X-Forwarded-For``): every
 request reaches the replica from HAProxy's loopback address, which ``trusted_proxies``
@@ -20,8 +20,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.e2e.conftest import shipped_deployment
-from tests.serve_process import ServeProcess
+from tests.e2e.conftest import application, shipped_deployment
 
 TOKEN = "haproxy-login-token"
 PER_ADDRESS, TOTAL = 3, 8
@@ -29,19 +28,16 @@ FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
 
 @pytest.fixture(scope="module")
-def behind_haproxy():
-    proc = ServeProcess(
-        overrides={"deployments": [shipped_deployment("accumulators", ("accumulator",))],
-                   "limits": {"login_failures_per_minute": PER_ADDRESS,
-                              "login_failures_per_minute_total": TOTAL}},
-        env={"SC_AUTH_TOKEN": TOKEN},
-    )
-    if proc.env.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
-        pytest.skip("SC_SERVE_HAPROXY=0: Serve's own proxy, not HAProxy, is in front")
+def behind_haproxy(service, tmp_path_factory):
+    if service.env.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
+        pytest.skip("HYBRIDFLOW_SERVE_HAPROXY=0: Serve's own proxy, not HAProxy, is in front")
+    app = application(service, "logins", tmp_path_factory, auth_token=TOKEN,
+                      deployments=[shipped_deployment("accumulators", ("accumulator",))],
+                      limits={"login_failures_per_minute": PER_ADDRESS, "login_failures_per_minute_total": TOTAL})
     try:
-        yield proc.start()
+        yield app.start()
     finally:
-        proc.kill()
+        app.kill()
 
 
 def test_the_login_limit_through_haproxy(behind_haproxy):

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 
-from hybridflow.wire.safetensors_call import decode_output_body, encode_call_body
+from hybridflow_client.wire.safetensors_call import decode_output_body, encode_call_body
 from single_controller.protocol import DataProto
 
 ROWS = [[1, 2, 3], [4], [5, 6, 7, 8], [9, 10]]

@@ -5,8 +5,6 @@ retries, hostile input, and a schemathesis run over the OpenAPI schema."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import threading
 import time
 
@@ -272,20 +270,6 @@ def test_call_that_fails_on_some_ranks_only_is_rolled_back(http):
     assert values(http, "gpu_accumulator_a") == before
 
 
-REPLICAS = """
-import sys, ray
-ray.init(address=sys.argv[1], logging_level="ERROR")
-from ray.util import list_named_actors
-print(sorted(a["name"] for a in list_named_actors(all_namespaces=True) if "#" + sys.argv[2] + "#" in a["name"]))
-"""
-
-
-def replicas(service, deployment: str) -> str:
-    done = subprocess.run([sys.executable, "-c", REPLICAS, service.gcs_address(), deployment],
-                          capture_output=True, text=True, timeout=120, check=True)
-    return done.stdout.strip().splitlines()[-1]
-
-
 def test_the_same_idempotency_key_with_another_body_is_refused(http):
     headers = {"Idempotency-Key": "key-with-two-bodies"}
     before = values(http, "gpu_accumulator")
@@ -313,24 +297,3 @@ def test_answers_too_large_for_json_point_to_safetensors(http):
 def test_group_details_do_not_reveal_the_cluster_address(http):
     detail = http.get("/v1/groups/gpu_accumulator").json()
     assert "gcs_address" not in str(detail) and "cluster" not in detail
-
-
-def test_a_40_s_call_and_a_queue_behind_it_never_trip_the_health_check(service, http):
-    """A busy worker is not a lost one: the pings Serve's health check sends wait behind the
-    running call without the group being rebuilt, and calls waiting on the controller hold
-    no thread the health check needs (the replica is not restarted either)."""
-    group = http.get("/v1/groups/test_actor").json()
-    replica = replicas(service, "ingress")  # the shipped layout: the controllers live in the ingress
-    assert replica != "[]"
-    started = time.monotonic()
-    responses = post_many(
-        service,
-        [("/v1/groups/test_actor/sleep", {"kwargs": {"seconds": 40}})]
-        + [("/v1/groups/test_actor/sleep", {"kwargs": {"seconds": 0.01}})] * 80,  # queued behind it
-    )
-    assert time.monotonic() - started >= 40
-    assert [r.status_code for r in responses] == [200] * 81, [r.text for r in responses if r.status_code != 200][:3]
-    assert responses[0].json()["output"] == [40.0] * 4
-    after = http.get("/v1/groups/test_actor").json()
-    assert after["rebuilds"] == group["rebuilds"] and after["status"] == "ready"
-    assert replicas(service, "ingress") == replica

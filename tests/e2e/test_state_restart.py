@@ -36,6 +36,8 @@ from tests.e2e.jobs import wait_for_job
 from tests.redis_server import start_redis
 from tests.serve_process import CONFIG, ServeProcess
 
+pytestmark = pytest.mark.own_cluster  # serve run is stopped and started again
+
 GROUPS = ("accumulator", "gpu_accumulator")
 ADDS = {"accumulator": {"args": [1]}, "gpu_accumulator": {"kwargs": {"x": [1, 2]}}}
 STEP = {"accumulator": [1], "gpu_accumulator": [1, 2]}

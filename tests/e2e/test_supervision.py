@@ -73,7 +73,7 @@ def supervised(tmp_path_factory):
               init_kwargs={"refuse_restart_in": str(marks)}),
     ]}
     proc = ServeProcess(overrides={"deployments": [deployment], "state": {"snapshot_every": 5}},
-                        env={"SC_AUTH_TOKEN": TOKEN, "RAY_metrics_report_interval_ms": "2000"},
+                        env={"HYBRIDFLOW_TOKEN": TOKEN, "RAY_metrics_report_interval_ms": "2000"},
                         state_path=tmp_path_factory.mktemp("supervised-state") / "state.db",
                         serve_options={"ingress": {"health_check_period_s": 1}})
     try:

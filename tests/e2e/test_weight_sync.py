@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from tests.e2e.cluster import kill_actor
+from tests.e2e.cluster import kill_actor, triton_grpc
 from tests.serve_process import CONFIG
 
 HIDDEN, FFN = 4096, 11008
@@ -133,7 +133,7 @@ def test_the_grpc_answer_carries_the_weights_version(service, http, synced_at_st
     x = X.numpy()
     item = tritongrpc.InferInput("x", list(x.shape), "FP32")
     item.set_data_from_numpy(x)
-    client = tritongrpc.InferenceServerClient(service.grpc_address)
+    client = triton_grpc(service.grpc_address, service.app_name)
     try:
         response = client.infer("mlp_rollout", [item]).get_response()
     finally:

@@ -18,11 +18,3 @@ def loop():
     yield loop
     loop.call_soon_threadsafe(loop.stop)
     thread.join(timeout=10)
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "own_cluster: the test starts a Ray cluster of its own in a subprocess, not the "
-        "session's (`make test` runs these beside the rest of the Ray layer)",
-    )

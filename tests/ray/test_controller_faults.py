@@ -20,7 +20,7 @@ from hybridflow.control.builder import PoolSet, units
 from hybridflow.control.contract import CallRequest, ErrorKind
 from hybridflow.control.controller import GroupController
 from hybridflow.control.placement import GpuBudget, plan_deployment
-from hybridflow.wire.limits import MAX_DEPTH
+from hybridflow_client.wire.limits import MAX_DEPTH
 
 COUNTER = "tests.ray.fault_workers:Counter"
 EVERY = 5
@@ -133,7 +133,7 @@ def test_a_value_as_deep_as_the_wire_takes_is_snapshotted(loop, controller):
     assert call(loop, controller, "counter", "keep", nested(MAX_DEPTH - 1)).ok
     for _ in range(2 * EVERY):
         assert call(loop, controller, "counter", "add", 1).ok
-        run(loop, state.durability.snapshot_settled())
+        run(loop, state.durability.snapshots.settled())
     assert state.durability.snapshots.error is None
     assert len(state.journal) <= EVERY
     assert len(state.durability.store.load(state.durability.scope).entries) <= EVERY
@@ -146,7 +146,7 @@ def test_a_failing_snapshot_is_reported_and_retried(loop, controller):
     assert call(loop, controller, "counter", "fail_snapshots", True).ok
     for _ in range(2 * EVERY):
         assert call(loop, controller, "counter", "add", 1).ok
-        run(loop, state.durability.snapshot_settled())
+        run(loop, state.durability.snapshots.settled())
     assert snapshots.failures >= failures + 1
     assert "state_dict raised RuntimeError: state_dict refuses for now" in snapshots.error
     reported = [e for e in controller.events._ring if e.kind == "snapshot_failed" and e.group == "counter"]
@@ -156,7 +156,7 @@ def test_a_failing_snapshot_is_reported_and_retried(loop, controller):
     assert call(loop, controller, "counter", "fail_snapshots", False).ok
     for _ in range(2 * EVERY):  # still snapshotted: the next try stores one
         assert call(loop, controller, "counter", "add", 1).ok
-        run(loop, state.durability.snapshot_settled())
+        run(loop, state.durability.snapshots.settled())
     assert snapshots.error is None and len(state.journal) <= EVERY
 
 

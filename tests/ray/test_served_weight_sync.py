@@ -379,9 +379,13 @@ def test_a_sync_whose_caller_went_away_is_recorded_whole_or_never_starts(loop, s
     async def callers_gone() -> None:
         request = CallRequest("rollout", WEIGHTS_SYNC, kwargs={"from": "trainer"}, operation=True)
         running = asyncio.ensure_future(controller.call(request))
-        await asyncio.sleep(0.05)  # it is staging
+        while not kept.queue.busy:  # it is staging
+            await asyncio.sleep(0.001)
         waiting = asyncio.ensure_future(controller.call(request))
-        await asyncio.sleep(0)
+        for _ in range(100):  # on the loop: it joins the queue within a few steps
+            if kept.queue.waiting:
+                break
+            await asyncio.sleep(0)
         assert kept.queue.busy and kept.queue.waiting == 1
         running.cancel()  # both clients disconnect
         waiting.cancel()

@@ -56,7 +56,7 @@ class ModeWorker(Worker):
 
     def views_of_one_storage(self):
         whole = torch.arange(8.0) + self.rank
-        return whole, whole[2:5], os.environ.get("SC_TENSORS_OUT_OF_BAND")
+        return whole, whole[2:5], os.environ.get("HYBRIDFLOW_TENSORS_OUT_OF_BAND")
 
     @register(Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
     def rank_zero(self, x):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench import report
 
 RESULTS = {
@@ -122,3 +124,93 @@ def test_the_cold_start_rows_show_the_cpu_of_each_start_by_kind(tmp_path):
     assert "`cold_start_cpu_serve_s` 8.00 s; `cold_start_cpu_replicas_s` 4.70 s" in cpu
     assert "`cold_start_floor_cpu_workers_s` 54.0 s; `cold_start_machine_busy_fraction` 0.910" in cpu
     assert "## Other figures" not in text  # every cold-start figure is in its section
+
+
+def served_results() -> dict:
+    """A run's figures of the served path against its floors (bench.floor_runs.figures of
+    the records tests/unit/test_bench_floor_runs.py builds), with the targets bench.run sets."""
+    from bench.floor_runs import Settings, figures
+    from bench.run import targets_of
+    from tests.unit.test_bench_floor_runs import runs
+
+    results = {"machine": "2 cores, x86_64", "when": "now", **figures(*runs()),
+               "load_generator": Settings(2, 5.0, 8.0, 2.0, 3.0).figures()}
+    results["targets"] = targets_of(results)
+    return results
+
+
+def test_the_served_path_against_its_floors_shows_each_ratio_its_figures_and_the_load_generator(tmp_path):
+    results = served_results()
+    text = report.write_benchmarks_page(results, tmp_path / "benchmarks.md", results_dir=None).read_text()
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| `")}
+    p50 = rows["`add_p50_floor_ratio_haproxy`"]
+    assert "| 1.00x |" in p50 and p50.endswith("| <= 1.00x (met) |")
+    assert "`add_lone_p50_ms_haproxy` 11.0 ms; `add_lone_p99_ms_haproxy` 33.0 ms; `add_floor_lone_p50_ms` 11.0 ms" in p50
+    assert rows["`add_p50_floor_ratio_serve_proxy`"].endswith("| <= 1.50x (met) |")
+    assert rows["`add_rps_floor_ratio_haproxy`"].endswith("| >= 1.00x (**missed**) |")
+    assert "`add_rps_32_haproxy` 84.0; `add_floor_rps_32` 105" in rows["`add_rps_floor_ratio_haproxy`"]
+    path = rows["`infer_path_cpu_ratio_haproxy`"]
+    assert "1.33x" in path and path.endswith("| <= 1.00x (**missed**) |")
+    assert "`infer_path_cpu_ms_haproxy` 12.0 ms; `infer_floor_plain_path_cpu_ms` 9.00 ms" in path
+    assert "`infer_front_cpu_ms_haproxy` 9.00 ms; `infer_floor_plain_front_cpu_ms` 7.00 ms" in path
+    assert rows["`infer_rank_cpu_ratio_serve_proxy`"].endswith("| <= 1.00x (**missed**) |")
+    assert rows["`infer_batched_cpu_ratio_haproxy`"].endswith("| <= 0.700x (met) |")
+    assert "`client_scaling_rps` [100, 98.0]" in rows["`client_scaling_ratio`"]
+    # the load generator's settings, the scaling table, each served figure against both floors, CPU by role
+    assert "closed-loop clients over 2 client processes" in text and "windows of 8.00 s" in text
+    assert "| 4 | 98.0 |" in text
+    served = next(line for line in text.splitlines() if line.startswith("| unbatched `mlp_unbatched`, HAProxy"))
+    assert "| 140 ms (1.12x plain, 1.40x compiled) |" in served and "| 7.00 (0.875x plain, 0.700x compiled) |" in served
+    floor = next(line for line in text.splitlines() if line.startswith("| floor: app over one actor, plain calls"))
+    assert floor.startswith("| floor: app over one actor, plain calls | 125 ms | 250 ms | 8.00 | 8.00 |")
+    cpu = [line for line in text.splitlines() if line.startswith("| batched `mlp`, Serve's proxy")][-1]
+    assert cpu == "| batched `mlp`, Serve's proxy (plain `serve run`) | 57.0 ms | 45.0 ms | 12.0 ms | 9.00 ms | " \
+                  "1.00 ms | 0.500 ms | 1.50 ms | 0.0 ms |"
+    assert "## Other figures" not in text  # every figure of these runs is in a table
+
+
+def test_a_gpu_run_shows_its_targets_and_the_floors_tables(tmp_path):
+    from bench.gpu import gpu_targets
+
+    infer = {k: v for k, v in served_results().items() if k != "targets"}
+    infer.update(gpu_targets(infer))
+    gpu = {"machine": {"cuda": "NVIDIA H200", "cpus": 16}, "targets": infer.pop("targets"),
+           "infer": {**infer, "cold_start_s": 50.0}}
+    (tmp_path / "gpu.json").write_text(json.dumps(gpu))
+    text = report.write_benchmarks_page({}, tmp_path / "benchmarks.md", results_dir=tmp_path).read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `gpu_infer_p50_floor_ratio_haproxy`"))
+    assert "| 1.12x |" in row and row.endswith("| <= 1.00x (**missed**) |")
+    row = next(line for line in text.splitlines() if line.startswith("| `gpu_batched_rps_floor_ratio_serve_proxy`"))
+    assert "| 1.67x |" in row and row.endswith("| >= 1.00x (met) |")
+    assert "### Inference: the service against both floors" in text and "| `cold_start_s` | 50.0 s |" in text
+
+
+@pytest.mark.parametrize(
+    ("key", "unit"),
+    [
+        ("infer_batched_cpu_ms_16_haproxy", "ms"),  # a client count and a path after the unit
+        ("add_p50_floor_ratio_serve_proxy", "x"),
+        ("infer_lone_p50_ms_vs_compiled_haproxy", "x"),  # a served figure over a floor's
+        ("batched_vs_unbatched_max_rel_err", ""),
+        ("add_rps_32_haproxy", ""),
+        ("cold_start_s", "s"),
+    ],
+)
+def test_a_figures_unit_is_read_past_its_path_and_client_count(key, unit):
+    from bench.report_format import unit_of
+
+    assert unit_of(key) == unit
+
+
+def test_a_figure_without_a_value_misses_its_target_and_shows_no_number(tmp_path):
+    from bench.run import targets_of
+
+    results = {"machine": "2 cores", "when": "now", "infer_path_cpu_ratio_haproxy": None,
+               "infer_path_cpu_ms_haproxy": 12.0, "infer_floor_plain_path_cpu_ms": -1.0, "one_to_all_ratio": 1.0}
+    targets = targets_of(results)
+    assert targets["infer_path_cpu_ratio_haproxy"]["met"] is False
+    assert targets["infer_path_cpu_ratio_haproxy"]["value"] is None and targets["infer_path_cpu_ratio_haproxy"]["raw"] == ""
+    assert targets["one_to_all_ratio"]["met"] is True
+    text = report.write_benchmarks_page({**results, "targets": targets}, tmp_path / "b.md", results_dir=None).read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `infer_path_cpu_ratio_haproxy`"))
+    assert "| n/a |" in row and row.endswith("| <= 1.00x (**missed**) |")

@@ -200,7 +200,7 @@ def test_a_worker_module_outside_the_project(tmp_path, monkeypatch):
 
 
 def test_auth_token_from_the_environment(monkeypatch):
-    monkeypatch.setenv("SC_AUTH_TOKEN", "t0ken")
+    monkeypatch.setenv("HYBRIDFLOW_TOKEN", "t0ken")
     assert load_config(DEFAULT_ARGS).auth_token == "t0ken"
 
 

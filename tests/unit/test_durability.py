@@ -45,7 +45,8 @@ def record(durability: GroupDurability, journal: Journal, x: int, key: str | Non
                           fingerprint=f"body-{x}")
     result = CallResult(output=[torch.tensor([float(x + rank)]) for rank in range(4)], dispatch_mode="EXECUTE_ALL",
                         execute_mode="ALL", world_size=4)
-    run(durability.record(durability.prepare(entry, request.args, request.kwargs, request), result))
+    run(durability.record(durability.pending(entry, encode_call(entry.method, request.args, request.kwargs), request),
+                          result))
     journal.acknowledge(entry)
     return result
 
@@ -58,16 +59,16 @@ def test_the_state_path_is_resolved_where_serve_run_starts(tmp_path):
     assert (config.path, config.snapshot_every, config.fresh, config.on_mismatch) == (
         DEFAULT_STATE_PATH, 1000, False, "error")
     assert config.resolved(env={}, cwd=tmp_path).path == str(tmp_path / ".hybridflow" / "state.db")
-    assert config.resolved(env={"SC_STATE_PATH": "other.db"}, cwd=tmp_path).path == str(tmp_path / "other.db")
-    assert config.resolved(env={"SC_STATE_PATH": "null"}).location is None
+    assert config.resolved(env={"HYBRIDFLOW_STATE_PATH": "other.db"}, cwd=tmp_path).path == str(tmp_path / "other.db")
+    assert config.resolved(env={"HYBRIDFLOW_STATE_PATH": "null"}).location is None
     assert StateConfig(path=None).resolved(env={}).location is None
     # a fresh start from the environment (make serve-fresh), or from the config
-    assert config.resolved(env={"SC_STATE_FRESH": "1"}, cwd=tmp_path).fresh
-    assert not config.resolved(env={"SC_STATE_FRESH": "0"}, cwd=tmp_path).fresh
-    # a Redis server instead of the file; SC_STATE_PATH still wins
+    assert config.resolved(env={"HYBRIDFLOW_STATE_FRESH": "1"}, cwd=tmp_path).fresh
+    assert not config.resolved(env={"HYBRIDFLOW_STATE_FRESH": "0"}, cwd=tmp_path).fresh
+    # a Redis server instead of the file; HYBRIDFLOW_STATE_PATH still wins
     redis = StateConfig(redis_url="redis://cache:6379/0")
     assert redis.resolved(env={}, cwd=tmp_path).location == "redis://cache:6379/0"
-    assert redis.resolved(env={"SC_STATE_PATH": "x.db"}, cwd=tmp_path).location == str(tmp_path / "x.db")
+    assert redis.resolved(env={"HYBRIDFLOW_STATE_PATH": "x.db"}, cwd=tmp_path).location == str(tmp_path / "x.db")
     with pytest.raises(ValueError, match="redis_url"):
         StateConfig(redis_url="http://cache")
 
@@ -166,7 +167,7 @@ def test_arguments_the_store_cannot_keep_are_refused_before_submission(tmp_path)
     durability = scope(state)
     entry = Journal(1).begin("add")
     with pytest.raises(StateCodecError, match=r"kwargs\['x'\]"):
-        durability.prepare(entry, [], {"x": {1, 2}}, CallRequest("gpu_accumulator", "add"))
+        run(durability.encode(entry.method, [], {"x": {1, 2}}))
 
 
 # -- the journal's waits --------------------------------------------------------------------
@@ -184,9 +185,9 @@ def test_settled_through_waits_only_for_calls_up_to_a_number():
         journal.abort(first)
         assert await waiting  # call 3 still runs: it is later than the snapshot point
         assert not await journal.settled_through(third.seq, 0.05)
-        return journal.inflight
+        return journal.lowest_inflight() == third.seq
 
-    assert run(scenario()) == 1
+    assert run(scenario())
 
 
 def test_reload_replaces_entries_and_never_numbers_backwards():
@@ -213,7 +214,8 @@ def test_a_held_write_lock_does_not_stall_the_event_loop(tmp_path):
         holder = sqlite3.connect(state.path, isolation_level=None)
         holder.execute("BEGIN IMMEDIATE")
         request = CallRequest("gpu_accumulator", "add", kwargs={"x": [1] * 4})
-        record = durability.prepare(Journal(1).begin("add"), request.args, request.kwargs, request)
+        entry = Journal(1).begin("add")
+        record = durability.pending(entry, encode_call(entry.method, request.args, request.kwargs), request)
         writing = asyncio.ensure_future(durability.record(record, CallResult(output=[1] * 4)))
         turns = 0
         while turns < 200:  # the loop runs other work (other groups' calls, health checks)

@@ -25,9 +25,9 @@ from safetensors.torch import save
 
 from hybridflow.http import call_body, oip
 from hybridflow.http.errors import ApiError
-from hybridflow.wire.json_tensors import check_json_output, decode_json_value
-from hybridflow.wire.limits import WireLimits
 from hybridflow.wire.split import split_call
+from hybridflow_client.wire.json_values import check_json_output, decode_json_value
+from hybridflow_client.wire.limits import WireLimits
 
 SECONDS = 0.5
 PEAK_BYTES = 8 << 20

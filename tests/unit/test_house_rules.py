@@ -1,6 +1,7 @@
-"""The repository's structure, checked: the import layers of the service namespace, no
-import circle between files (imports inside functions count), the client importing
-nothing of the server, module sizes, and no development history in tracked text."""
+"""The repository's structure, checked: the import layers of the service namespace (the
+client distribution's wire package lowest), no import circle between files (imports
+inside functions count), the client importing nothing of the server and the server only
+the client's wire package, module sizes, and no development history in tracked text."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Lowest first: a module may import its own layer or a lower one, never a higher one. A
-#: tuple is one layer of sibling packages, which may not import each other.
+#: tuple is one layer of sibling packages, which may not import each other. The client
+#: distribution is the lowest: the server imports its wire formats, and it imports nothing
+#: of the server.
 LAYERS: tuple[str | tuple[str, ...], ...] = (
+    "hybridflow_client",
     "single_controller",
     "hybridflow.wire",
     "hybridflow.state",
@@ -126,8 +130,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_checker_finds_a_circle_and_an_upward_import():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert layer_of("hybridflow.serve.ingress") > layer_of("hybridflow.http.app") > layer_of("hybridflow.wire.dtypes")
-    assert layer_of("single_controller.ray") == 0 and layer_of("hybridflow_client.core") is None
+    assert layer_of("hybridflow.serve.ingress") > layer_of("hybridflow.http.app") > layer_of("hybridflow.wire.split")
+    assert layer_of("hybridflow.wire.split") > layer_of("single_controller.ray") > layer_of("hybridflow_client.wire.limits")
+    assert layer_of("hybridflow_client.core") == 0 and layer_of("tests.unit") is None
     assert layer_of("hybridflow.oip_grpc.service") == layer_of("hybridflow.http.app")
     assert package_of("hybridflow.oip_grpc.service") != package_of("hybridflow.http.app")
 
@@ -161,6 +166,13 @@ def test_the_client_imports_nothing_of_the_server():
     graph = import_graph()
     reached = sorted({t for m, ts in graph.items() if m.startswith("hybridflow_client") for t in ts
                       if not t.startswith("hybridflow_client")})
+    assert reached == []
+
+
+def test_the_server_imports_only_the_clients_wire_package():
+    graph = import_graph()
+    reached = sorted({t for m, ts in graph.items() if not m.startswith("hybridflow_client") for t in ts
+                      if t.startswith("hybridflow_client") and not t.startswith("hybridflow_client.wire")})
     assert reached == []
 
 

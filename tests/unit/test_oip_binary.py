@@ -1,4 +1,4 @@
-"""The OIP binary tensor data extension in wire.oip_messages, checked against tritonclient's
+"""The OIP binary tensor data extension in hybridflow_client.wire.oip_messages, checked against tritonclient's
 own request builder and response parser (no server), plus the pydantic OIP models."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from hybridflow.http.oip_models import InferRequest, InferResponse, ModelMetadata, ServerMetadata
-from hybridflow.wire.errors import WireError
-from hybridflow.wire.oip_messages import (
+from hybridflow_client.wire.errors import WireError
+from hybridflow_client.wire.oip_messages import (
     build_infer_request,
     build_infer_response,
     parse_infer_request,

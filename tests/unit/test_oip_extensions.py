@@ -32,8 +32,8 @@ def url():
 
 
 @pytest.fixture
-def triton(url):
-    model_statistics.forget_all()
+def triton(url, monkeypatch):
+    monkeypatch.setattr(model_statistics, "_TABLE", {})  # every model's counts start again
     client = tritonhttp.InferenceServerClient(url.removeprefix("http://"))
     yield client
     client.close()
@@ -118,10 +118,10 @@ def test_load_and_unload_are_refused_as_with_model_control_off(triton, url):
 # -- the controller's hook ---------------------------------------------------------------
 
 
-def test_the_model_server_counts_a_failed_request_for_its_model_only():
+def test_the_model_server_counts_a_failed_request_for_its_model_only(monkeypatch):
     """A real controller whose groups never started: inference fails as unavailable, and
     only a model it serves gets statistics."""
-    model_statistics.forget_all()
+    monkeypatch.setattr(model_statistics, "_TABLE", {})
     config = load_config(yaml.safe_load(CONFIG.read_text())["applications"][0]["args"])
     deployment = next(d for d in config.deployments if d.name == "test_actor")
     plan = plan_deployment(deployment, config, GpuBudget(0))

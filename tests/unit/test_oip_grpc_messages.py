@@ -21,8 +21,8 @@ from hybridflow.oip_grpc.messages import (  # noqa: E402
     parameters_of,
     raw_bytes,
 )
-from hybridflow.wire.errors import WireError  # noqa: E402
-from hybridflow.wire.limits import WireLimits  # noqa: E402
+from hybridflow_client.wire.errors import WireError  # noqa: E402
+from hybridflow_client.wire.limits import WireLimits  # noqa: E402
 
 NUMPY_OF = {
     "BOOL": np.bool_,

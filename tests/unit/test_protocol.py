@@ -59,7 +59,7 @@ def test_the_ray_backend_loads_no_torch_so_a_colocated_worker_of_plain_classes_n
 
 
 def test_a_rank_asked_to_send_tensors_out_of_band_stays_torch_free_when_its_class_is():
-    # The service asks every rank for out-of-band tensors (SC_TENSORS_OUT_OF_BAND); a rank
+    # The service asks every rank for out-of-band tensors (HYBRIDFLOW_TENSORS_OUT_OF_BAND); a rank
     # whose class never loaded torch must not load it for that. _subclass is what each
     # rank's actor class is made from; its __init__ is run here without Ray.
     code = (

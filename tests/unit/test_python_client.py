@@ -28,10 +28,10 @@ from hybridflow.control.contract import (
 )
 from hybridflow.http.app import create_app
 from hybridflow.http.settings import IngressSettings, ModelRoute
-from hybridflow.wire.oip_messages import parse_infer_request
-from hybridflow.wire.safetensors_call import decode_safetensors
 from hybridflow_client import cli
 from hybridflow_client.python_client import AsyncSingleControllerClient, ServiceError, SingleControllerClient
+from hybridflow_client.wire.oip_messages import parse_infer_request
+from hybridflow_client.wire.safetensors_body import decode_safetensors
 from tests.unit.served_app import served
 
 SAFETENSORS = "application/x-safetensors"

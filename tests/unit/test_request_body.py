@@ -13,7 +13,7 @@ from starlette.requests import Request
 
 from hybridflow.http.body import read_body
 from hybridflow.http.errors import ApiError
-from hybridflow.wire.safetensors_call import decode_call_body, encode_call_body
+from hybridflow_client.wire.safetensors_call import decode_call_body, encode_call_body
 
 
 def request_of(chunks: list[bytes], declared: int | None = None) -> tuple[Request, list[int]]:

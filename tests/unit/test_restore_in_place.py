@@ -80,7 +80,8 @@ async def acknowledge(durability: GroupDurability, member: GroupState, x: list[i
     request = CallRequest("gpu_accumulator", "add", args=[x])
     pending = member.group.submit("add", [x], {})
     await asyncio.gather(*pending.futures)
-    await durability.record(durability.prepare(entry, request.args, request.kwargs, request), CallResult(output=None))
+    call = await durability.encode("add", request.args, request.kwargs)
+    await durability.record(durability.pending(entry, call, request), CallResult(output=None))
     member.journal.acknowledge(entry)
 
 

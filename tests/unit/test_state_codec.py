@@ -279,8 +279,8 @@ def test_the_deepest_body_the_wire_takes_is_journaled_and_snapshotted():
     from hybridflow.config import LimitsConfig
     from hybridflow.http.call_body import parse_call_body
     from hybridflow.http.errors import ApiError
-    from hybridflow.wire.limits import MAX_DEPTH as WIRE_MAX_DEPTH
-    from hybridflow.wire.limits import WireLimits
+    from hybridflow_client.wire.limits import MAX_DEPTH as WIRE_MAX_DEPTH
+    from hybridflow_client.wire.limits import WireLimits
 
     item: list = [1]
     for _ in range(WIRE_MAX_DEPTH - 2):

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.state_store import bench_record_call
 from hybridflow.config import StateConfig
 from hybridflow.state import store as state_store
 from hybridflow.state.backends import open_store
@@ -154,9 +153,6 @@ def test_the_first_answer_under_a_key_wins(store):
     store.record_call(SCOPE, 2, b"call 2", answer("same", b"second answer"))
     assert store.get_answer(SCOPE, "same").answer == b"first answer"
     assert [seq for seq, _ in store.load(SCOPE).entries] == [1, 2]
-    kept = store.put_answer(SCOPE, answer("same", b"third answer"))
-    assert kept.answer == b"first answer"
-    assert store.put_answer(SCOPE, answer("read-only", b"x")).answer == b"x"
 
 
 def test_a_snapshot_replaces_the_journal_it_covers(store):
@@ -265,10 +261,10 @@ def test_answers_beyond_the_count_bound_evict_the_oldest(backend):
     for seq in range(1, 9):
         store.record_call(SCOPE, seq, f"call {seq}".encode(), answer(f"k{seq}"))
     assert [store.get_answer(SCOPE, f"k{seq}") is not None for seq in range(1, 9)] == [False] * 3 + [True] * 5
-    store.put_answer(SCOPE, answer("read-only"))
-    assert store.get_answer(SCOPE, "k4") is None and store.get_answer(SCOPE, "read-only") is not None
-    assert len(store.load(SCOPE).entries) == 8  # the journal is not bounded by this
-    store.put_answer("test_actor/test_actor", answer("other"))  # bounds are per scope
+    store.record_call(SCOPE, 9, b"call 9", answer("k9"))
+    assert store.get_answer(SCOPE, "k4") is None and store.get_answer(SCOPE, "k9") is not None
+    assert len(store.load(SCOPE).entries) == 9  # the journal is not bounded by this
+    store.record_call("test_actor/test_actor", 1, b"call", answer("other"))  # bounds are per scope
     assert store.get_answer(SCOPE, "k5") is not None
     store.close()
 
@@ -283,8 +279,9 @@ def test_answers_beyond_the_byte_bound_evict_the_oldest(backend):
     store.record_call(SCOPE, 5, b"call", answer("huge", bytes(101)))
     assert store.get_answer(SCOPE, "huge") == StoredAnswer("huge", "fp-huge", None)
     assert store.get_answer(SCOPE, "k4").answer == bytes(40)
-    assert store.put_answer(SCOPE, answer("huge too", bytes(500))).answer is None
-    store.put_answer(SCOPE, answer("k6", bytes(70)))  # 40 + 70 > 100: k3 and k4 go
+    store.record_call(SCOPE, 6, b"call", answer("huge too", bytes(500)))
+    assert store.get_answer(SCOPE, "huge too").answer is None
+    store.record_call(SCOPE, 7, b"call", answer("k6", bytes(70)))  # 40 + 70 > 100: k3 and k4 go
     assert store.get_answer(SCOPE, "k3") is None and store.get_answer(SCOPE, "k4") is None
     assert store.get_answer(SCOPE, "k6").answer == bytes(70)
     store.close()
@@ -386,14 +383,6 @@ def test_threads_of_one_store_record_concurrently(store):
     assert [seq for seq, _ in store.load(SCOPE).entries] == list(range(1, 400))
     assert all(store.get_answer(SCOPE, f"k{seq}") is not None for seq in (1, 200, 399))
 
-
-def test_bench_record_call_measures_and_cleans_up(store):
-    p50 = bench_record_call(store, 50)
-    assert 0 < p50 < 1.0
-    assert store.scopes() == []
-
-
-# -- durable and shared backends ----------------------------------------------------------
 
 
 def test_state_survives_a_new_store(shared_backend):
@@ -623,13 +612,13 @@ def test_state_config_defaults_and_resolution(tmp_path):
 
 def test_sc_state_path_overrides_the_config(tmp_path):
     config = StateConfig(path="config.db")
-    assert config.resolved(env={"SC_STATE_PATH": "env.db"}, cwd=tmp_path).path == str(tmp_path / "env.db")
-    assert config.resolved(env={"SC_STATE_PATH": str(tmp_path / "abs.db")}, cwd="/elsewhere").path == str(
+    assert config.resolved(env={"HYBRIDFLOW_STATE_PATH": "env.db"}, cwd=tmp_path).path == str(tmp_path / "env.db")
+    assert config.resolved(env={"HYBRIDFLOW_STATE_PATH": str(tmp_path / "abs.db")}, cwd="/elsewhere").path == str(
         tmp_path / "abs.db"
     )
-    assert config.resolved(env={"SC_STATE_PATH": ":memory:"}).path is None
-    assert config.resolved(env={"SC_STATE_PATH": ""}, cwd=tmp_path).path == str(tmp_path / "config.db")
-    assert StateConfig(path=None).resolved(env={"SC_STATE_PATH": "redis://h:1/0"}).path == "redis://h:1/0"
+    assert config.resolved(env={"HYBRIDFLOW_STATE_PATH": ":memory:"}).path is None
+    assert config.resolved(env={"HYBRIDFLOW_STATE_PATH": ""}, cwd=tmp_path).path == str(tmp_path / "config.db")
+    assert StateConfig(path=None).resolved(env={"HYBRIDFLOW_STATE_PATH": "redis://h:1/0"}).path == "redis://h:1/0"
 
 
 def test_state_config_rejects_unknown_and_bad_fields():

@@ -62,7 +62,7 @@ def test_the_weights_directory_defaults_beside_the_state_file(tmp_path):
     redis = StateConfig(redis_url="redis://h:6379/0").resolved(env={}, cwd=tmp_path)
     assert redis.weights_directory() == str(tmp_path / ".hybridflow" / "weights")
     assert StateConfig(path=None).weights_directory() is None  # a temporary directory of the controller's
-    overridden = StateConfig(path="s.db").resolved(env={"SC_STATE_PATH": str(tmp_path / "o" / "x.db")}, cwd=tmp_path)
+    overridden = StateConfig(path="s.db").resolved(env={"HYBRIDFLOW_STATE_PATH": str(tmp_path / "o" / "x.db")}, cwd=tmp_path)
     assert overridden.weights_directory() == str(tmp_path / "o" / "weights")
     with pytest.raises(ValueError):
         StateConfig(weights_dir=" ")

@@ -1,6 +1,9 @@
-"""Fuzzing the decoders of DataProto documents and safetensors headers and metadata with
-hypothesis: whatever the bytes, a decoder returns or raises WireError (which the HTTP
-layer answers with a 4xx JSON error), never anything else. Bounded to a few seconds."""
+"""Fuzzing the server's decoding of DataProto documents and safetensors headers and
+metadata with hypothesis (the shared codecs with the server's builder, which makes the
+library's DataProto): whatever the bytes, a decoder returns or raises WireError, and the
+HTTP layer's body parsing answers a 4xx, never anything else. Bounded to a few seconds.
+The shared codecs' own fuzzing, with the client's builder, is the client's
+tests/test_wire_fuzz.py."""
 
 from __future__ import annotations
 
@@ -13,11 +16,16 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hybridflow.wire.dataproto import JSON_MARKER, build_dataproto
-from hybridflow.wire.errors import WireError
-from hybridflow.wire.json_tensors import decode_json_value
-from hybridflow.wire.limits import WireLimits
-from hybridflow.wire.safetensors_call import decode_call_body, decode_output_body, encode_safetensors
+from hybridflow.http.call_body import parse_call_body
+from hybridflow.http.errors import ApiError
+from hybridflow.wire.torch_builder import TORCH_BUILDER
+from hybridflow_client.wire.dataproto import JSON_MARKER
+from hybridflow_client.wire.dataproto import build_dataproto as shared_build_dataproto
+from hybridflow_client.wire.errors import WireError
+from hybridflow_client.wire.formats import JSON as JSON_TYPE
+from hybridflow_client.wire.formats import SAFETENSORS
+from hybridflow_client.wire.limits import DEFAULT_LIMITS, WireLimits
+from hybridflow_client.wire.safetensors_body import encode_safetensors
 
 FUZZ = settings(
     max_examples=100, deadline=None, database=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
@@ -111,11 +119,23 @@ JUNK_DOCUMENTS = st.one_of(
 TENSORS = tensor_of(2)
 
 
+def build_dataproto(document: object, tensors: dict, where: str, limits: WireLimits = DEFAULT_LIMITS) -> object:
+    return shared_build_dataproto(document, tensors, where, limits, TORCH_BUILDER)
+
+
 def survives(decode, *args) -> None:
     try:
         decode(*args)
     except WireError:
         pass
+
+
+def answers_4xx(kind: str, body: bytes | bytearray) -> None:
+    """The server's body parsing of ``body``: arguments, or a 4xx (400 or 422)."""
+    try:
+        parse_call_body(kind, body, LIMITS)
+    except ApiError as refused:
+        assert refused.status in (400, 422), refused
 
 
 @FUZZ
@@ -126,7 +146,7 @@ def test_a_dataproto_document_decodes_or_is_a_wire_error(case):
     json_tensors = {name: {"datatype": "INT64", "shape": [len(t)], "data": [0] * len(t)} for name, t in tensors.items()}
     if isinstance(document, dict) and isinstance(document.get("batch"), list):
         document = {**document, "batch": json_tensors}
-    survives(decode_json_value, {"data": {JSON_MARKER: document}}, "body", LIMITS)
+    answers_4xx(JSON_TYPE, json.dumps({"kwargs": {"data": {JSON_MARKER: document}}}).encode())
 
 
 @FUZZ
@@ -135,8 +155,7 @@ def test_safetensors_metadata_decodes_or_is_a_wire_error(cases, plain):
     metadata = {path: json.dumps(document) for path, (document, _) in cases.items()}
     named = {f"{path}@{key}": tensor for path, (_, tensors) in cases.items() for key, tensor in tensors.items()}
     body = encode_safetensors({**plain, **named}, metadata)
-    survives(decode_call_body, bytearray(body), LIMITS)
-    survives(decode_output_body, body, "output", LIMITS)
+    answers_4xx(SAFETENSORS, bytearray(body))
 
 
 ENTRIES = st.fixed_dictionaries({
@@ -157,8 +176,7 @@ ENTRIES = st.fixed_dictionaries({
 def test_a_safetensors_header_decodes_or_is_a_wire_error(header, data, claimed):
     text = json.dumps(header).encode()
     body = struct.pack("<Q", len(text) if claimed is None else claimed) + text + data
-    survives(decode_call_body, bytearray(body), LIMITS)
-    survives(decode_output_body, body, "output", LIMITS)
+    answers_4xx(SAFETENSORS, bytearray(body))
 
 
 @pytest.mark.parametrize("dtype", ["(2147483647,)f4", "06E", "6:", "f4,i4", "M8", ["a"], {"names": []}, 4])

@@ -11,12 +11,12 @@ from fastapi.responses import JSONResponse
 from hybridflow.http.auth import require_token
 from hybridflow.http.routes.common import backend, errors, found
 from hybridflow.http.routes.groups import summary_json
-from hybridflow.http.schemas import GroupSummary
+from hybridflow.http.schemas import GroupBody
 
 router = APIRouter(tags=["admin"], dependencies=[Depends(require_token)])
 
 
-@router.post("/v1/admin/groups/{group}/reset", status_code=202, response_model=GroupSummary,
+@router.post("/v1/admin/groups/{group}/reset", status_code=202, response_model=GroupBody,
              responses=errors(401, 404))
 async def reset_group(group: str, request: Request) -> Any:
     """Discard the group's stored state (journal, snapshot, Idempotency-Key answers) and
@@ -27,7 +27,7 @@ async def reset_group(group: str, request: Request) -> Any:
     return JSONResponse(summary_json(found(await backend(request).reset_group(group))), status_code=202)
 
 
-@router.post("/v1/admin/groups/{group}/restart", status_code=202, response_model=GroupSummary,
+@router.post("/v1/admin/groups/{group}/restart", status_code=202, response_model=GroupBody,
              responses=errors(401, 404))
 async def restart_group(group: str, request: Request) -> Any:
     """Rebuild the group on fresh workers with its stored state: the way back for a group

@@ -10,12 +10,12 @@ from fastapi import Request
 
 from hybridflow.control.backend import Backend, Jobs
 from hybridflow.control.contract import CallRequest, ControllerError
-from hybridflow.http.body import JSON, SAFETENSORS, body_kind, fingerprint, read_body
-from hybridflow.http.call_body import parse_call_body
+from hybridflow.http.body import body_kind, fingerprint, read_body
+from hybridflow.http.call_body import CALL_BODIES, parse_call_body
 from hybridflow.http.errors import ApiError
 from hybridflow.http.schemas import ErrorResponse
 from hybridflow.http.settings import IngressSettings
-from hybridflow.wire.errors import TooLargeForLoop
+from hybridflow_client.wire.errors import TooLargeForLoop
 
 T = TypeVar("T")
 
@@ -99,7 +99,7 @@ async def call_request(request: Request, group: str, method: str) -> CallRequest
         raise ApiError(
             400, f"Idempotency-Key has {len(key)} characters, over the limit of {MAX_IDEMPOTENCY_KEY_CHARS}"
         )
-    kind = body_kind(request, (JSON, SAFETENSORS))
+    kind = body_kind(request, CALL_BODIES)
     body = await read_body(request, config.max_body_bytes)
     args, kwargs = await off_loop(len(body), parse_call_body, kind, body, config.wire_limits())
     return CallRequest(group, method, args, kwargs, key, fingerprint(kind, body) if key else None)

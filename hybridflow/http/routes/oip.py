@@ -69,12 +69,13 @@ async def model_ready(model: str, request: Request) -> Response:
 async def infer(model: str, request: Request) -> Response:
     route = model_route(request, model)
     kind = media_type(request.headers.get("content-type"))
-    if kind not in ("", JSON, OCTET_STREAM):  # tritonclient sends none
-        raise ApiError(415, f"unsupported media type {kind!r}; send {JSON} or {OCTET_STREAM}")
+    decode = oip.INFER_BODIES.get(kind)
+    if decode is None:
+        raise ApiError(415, f"unsupported media type {kind!r}; send {' or '.join(filter(None, oip.INFER_BODIES))}")
     body = await read_body(request, settings(request).max_body_bytes)
     limits = settings(request).wire_limits()
     inference, inputs = await off_loop(
-        len(body), oip.parse_request, body, request.headers.get("inference-header-content-length"), limits
+        len(body), decode, body, request.headers.get("inference-header-content-length"), limits
     )
     chosen, binary = oip.chosen_outputs(model, inference, route.outputs)
     result = await backend(request).infer(model, inputs)

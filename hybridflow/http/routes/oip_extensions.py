@@ -22,8 +22,8 @@ from hybridflow.http.errors import ApiError
 from hybridflow.http.oip_models import ModelStatisticsResponse, RepositoryIndexRequest, RepositoryModel
 from hybridflow.http.routes.common import backend, errors, found, settings
 from hybridflow.http.routes.oip import model_route
-from hybridflow.wire.errors import WireError
-from hybridflow.wire.strict_json import loads_strict
+from hybridflow_client.wire.errors import WireError
+from hybridflow_client.wire.strict_json import loads_strict
 
 router = APIRouter(tags=["inference"], dependencies=[Depends(require_token)])
 

@@ -17,8 +17,8 @@ from hybridflow.http.errors import ApiError
 from hybridflow.http.routes.common import MAX_IDEMPOTENCY_KEY_CHARS, backend, errors, found, jobs, settings
 from hybridflow.http.routes.jobs import public
 from hybridflow.http.schemas import JobStatus
-from hybridflow.wire.errors import WireError
-from hybridflow.wire.strict_json import loads_strict
+from hybridflow_client.wire.errors import WireError
+from hybridflow_client.wire.strict_json import loads_strict
 
 router = APIRouter(tags=["weights"], dependencies=[Depends(require_token)])
 

@@ -1,0 +1,98 @@
+"""``make test``'s layers: which pytest runs go side by side, in what order, and how long
+each took (printed at the end).
+
+    python -m tests.run_suite [pytest arguments for every run]
+
+Two stages, each a set of chains that run side by side; a chain's runs go one after
+another. The unit layer (no Ray), the client distribution's own tests and the Ray tests
+with a cluster of their own (the multi-node check) run beside the Ray layer's one
+cluster; then the end-to-end layer in two processes: the tests on the session's
+``serve run`` (the shipped service and the applications that share its cluster) and
+those that start clusters of their own (restarts). Every run goes even if another
+failed; the output of a run beside another is printed after it; exit status 5 (no test
+selected, as with a ``-k``) fails no run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+#: pytest's "no tests collected": a selection that leaves a run empty is no failure.
+NO_TESTS = 5
+
+
+@dataclass
+class Run:
+    name: str
+    args: list[str]
+    cwd: Path = ROOT
+    seconds: float = 0.0
+    status: int | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.status in (0, NO_TESTS)
+
+
+STAGES: list[list[list[Run]]] = [
+    [
+        [Run("ray", ["tests/ray", "-m", "not own_cluster"])],
+        [Run("unit", ["tests/unit"]),
+         Run("client", ["tests"], cwd=ROOT / "hybridflow-client"),
+         Run("ray, own cluster", ["tests/ray", "-m", "own_cluster"])],
+    ],
+    [
+        [Run("e2e, shared cluster", ["tests/e2e", "-m", "not own_cluster"])],
+        [Run("e2e, own clusters", ["tests/e2e", "-m", "own_cluster"])],
+    ],
+]
+
+
+def _run_chain(runs: list[Run], extra: list[str], log: Path | None) -> None:
+    """The chain's pytest runs one after another, their output to ``log`` (None: to this
+    terminal)."""
+    out = None if log is None else open(log, "w")  # noqa: SIM115 - closed with the process
+    for run in runs:
+        started = time.monotonic()
+        done = subprocess.run([*PYTEST, *run.args, *extra], cwd=run.cwd, stdout=out, stderr=subprocess.STDOUT)
+        run.status, run.seconds = done.returncode, time.monotonic() - started
+
+
+def stage(chains: list[list[Run]], extra: list[str]) -> None:
+    """The chains side by side: the first in this terminal, the others logged and printed
+    after it."""
+    logs = [None] + [Path(tempfile.mkstemp(prefix="suite-", suffix=".log")[1]) for _ in chains[1:]]
+    threads = [threading.Thread(target=_run_chain, args=(runs, extra, log)) for runs, log in zip(chains, logs, strict=True)]
+    for thread in threads[1:]:
+        thread.start()
+    threads[0].run()
+    for thread, runs, log in zip(threads[1:], chains[1:], logs[1:], strict=True):
+        thread.join()
+        print(f"--- {', then '.join(run.name for run in runs)}:", flush=True)
+        print(log.read_text(errors="replace"), flush=True)
+        log.unlink(missing_ok=True)
+
+
+def main(argv: list[str]) -> int:
+    started = time.monotonic()
+    for chains in STAGES:
+        stage(chains, argv)
+    runs = [run for chains in STAGES for chain in chains for run in chain]
+    print("--- the suite's layers:")
+    for run in runs:
+        verdict = "passed" if run.passed else f"FAILED (exit {run.status})"
+        print(f"{run.name:22s} {run.seconds:6.0f} s  {verdict}")
+    print(f"{'total':22s} {time.monotonic() - started:6.0f} s")
+    return 0 if all(run.passed for run in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
