@@ -123,6 +123,14 @@ TEST_RUN_ENV = {
 RETRIED_START_FAILURES = ("Failed to bind to address", "The current node timed out during startup")
 
 
+def answers_200(url: str) -> bool:
+    """Whether a GET of ``url`` answers 200 now (a refused connection: no)."""
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def port_free(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) != 0
@@ -274,11 +282,8 @@ class ServeProcess:
             if refused:
                 self.kill()
                 raise RuntimeError(f"serve run refused to start: {refused}")
-            try:
-                if httpx.get(f"{self.url}{ready_path}", timeout=5).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
+            if answers_200(f"{self.url}{ready_path}"):
+                return self
             time.sleep(0.5)
         self.kill()
         raise TimeoutError(f"service not ready within {timeout_s:g} s:\n{self.tail()}")
