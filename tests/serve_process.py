@@ -289,10 +289,14 @@ class ServeProcess:
         raise TimeoutError(f"service not ready within {timeout_s:g} s:\n{self.tail()}")
 
     def _refusal(self) -> str | None:
-        """The controller's StateMismatchError, if this start's output has one."""
-        for line in self.output().splitlines():
-            if "StateMismatchError: " in line:
-                return line.split("StateMismatchError: ", 1)[1].strip()
+        """Why this start was refused, if its output says: a config the build refused
+        (``ConfigError``), or stored state that no longer fits a group
+        (``StateMismatchError``)."""
+        lines = self.output().splitlines()
+        for index, line in enumerate(lines):
+            for refusal in ("ConfigError: ", "StateMismatchError: "):
+                if refusal in line:  # a config's problems follow on lines of their own
+                    return "\n".join([line.split(refusal, 1)[1].strip(), *lines[index + 1:index + 20]]).strip()
         return None
 
     def processes(self) -> dict[int, list[bytes]]:

@@ -1,6 +1,6 @@
-"""A group's supervision against a running service (``serve run`` of a config whose groups
-of independent workers, ``examples.independent_workers:Tally``, are declared in YAML),
-driven as a user would, over HTTP with the token:
+"""A group's supervision against a running service (an application of this project in the
+session's cluster, whose groups of independent workers, ``examples.independent_workers:Tally``,
+are declared as YAML declares them), driven as a user would, over HTTP with the token:
 
 - ``replace_rank``: a rank SIGKILLed under concurrent mutating calls is replaced alone:
   only its process changes, every rank holds every acknowledged call exactly, and the
@@ -13,9 +13,9 @@ driven as a user would, over HTTP with the token:
 - a Megatron group declared with ``replace_rank`` is refused at start, with the reason;
 - the metrics count the restarts, replaced ranks, halts and time not ready of each group.
 
-The service's settings shorten every wait: Serve's health check of the ingress (which
-hosts the controllers) every second, a backoff of 1 s doubling to 2 s, Ray's metrics
-exported every 2 s.
+The application's settings shorten every wait: Serve's health check of the ingress (which
+hosts the controllers) every second, a backoff of 1 s doubling to 2 s; the session's
+cluster exports Ray's metrics every 2 s.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import pytest
 
 from hybridflow_client.python_client import SingleControllerClient
 from tests.e2e.cluster import metrics_endpoints, scrape_until
-from tests.serve_process import ServeProcess
+from tests.e2e.conftest import application
+from tests.serve_app import ServeApp, shipped_args
 
 TOKEN = "supervision-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -44,27 +45,20 @@ def tally(name: str, ranks: int, supervision: dict, **extra) -> dict:
             "read_only": READ_ONLY, "supervision": supervision, **extra}
 
 
-def test_a_megatron_group_with_replace_rank_is_refused_at_start():
+def test_a_megatron_group_with_replace_rank_is_refused_at_start(service):
     megatron = {"name": "layer", "worker": "single_controller.models.mlp_worker:MLPLayerWorker",
                 "pool": {"process_on_nodes": [2]}, "megatron": {"tensor_model_parallel_size": 2},
                 "supervision": {"on_rank_lost": "replace_rank"}}
-    refused = ServeProcess(overrides={"deployments": [{"name": "layers", "groups": [megatron]}]}).launch()
-    try:  # serve run reports the failed build and stays up: read its output, then stop it
-        deadline = time.monotonic() + 240
-        while "ConfigError: invalid serve config" not in refused.output():
-            assert refused.proc.poll() is None, refused.tail()
-            assert time.monotonic() < deadline, refused.tail()
-            time.sleep(0.5)
-        time.sleep(1)  # the rest of the message
-        said = refused.output()
-    finally:
-        refused.kill()
+    refused = ServeApp(service, "refused", {**shipped_args(), "deployments": [{"name": "layers", "groups": [megatron]}]})
+    with pytest.raises(RuntimeError) as failed:  # the build refuses it: nothing is deployed
+        refused.deploy()
     assert ("deployments[layers].groups[layer].supervision.on_rank_lost: replace_rank is refused: a Megatron "
-            "group's ranks share process groups, which one new rank cannot join alone") in said
+            "group's ranks share process groups, which one new rank cannot join alone") in str(failed.value)
+    assert not refused.deployed
 
 
 @pytest.fixture(scope="module")
-def supervised(tmp_path_factory):
+def supervised(service, tmp_path_factory):
     marks = tmp_path_factory.mktemp("marks")
     deployment = {"name": "supervised", "groups": [
         tally("replaced", 3, {"on_rank_lost": "replace_rank"}),
@@ -72,14 +66,12 @@ def supervised(tmp_path_factory):
         tally("bounded", 1, {"max_restarts": 2, "restart_window_s": 60, "backoff_s": BACKOFF},
               init_kwargs={"refuse_restart_in": str(marks)}),
     ]}
-    proc = ServeProcess(overrides={"deployments": [deployment], "state": {"snapshot_every": 5}},
-                        env={"HYBRIDFLOW_TOKEN": TOKEN, "RAY_metrics_report_interval_ms": "2000"},
-                        state_path=tmp_path_factory.mktemp("supervised-state") / "state.db",
-                        serve_options={"ingress": {"health_check_period_s": 1}})
+    app = application(service, "supervised", tmp_path_factory, deployments=[deployment], state={"snapshot_every": 5},
+                      auth_token=TOKEN, health_check_period_s=1)
     try:
-        yield proc.start()
+        yield app.start()
     finally:
-        proc.kill()
+        app.kill()
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +209,7 @@ def test_the_metrics_count_restarts_replaced_ranks_halts_and_time_not_ready(supe
                    for (name, metric), value in expected.items()) and all(
             samples.total("ray_hybridflow_group_halts_total", group=name) == 1 for name in ("halted", "bounded"))
 
-    samples = scrape_until(metrics_endpoints(supervised), shown)
+    samples = scrape_until(metrics_endpoints(supervised), shown, application=supervised.app_name)
     # the bounded group has not been ready since its first rank was killed; the others were for a while
     assert samples.total("ray_hybridflow_group_unready_seconds_total", group="bounded") > 0
     assert samples.total("ray_hybridflow_group_unready_seconds_total", group="halted") > 0
