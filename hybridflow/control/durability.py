@@ -342,7 +342,12 @@ class GroupDurability:
         ranks = self.base if ranks is None else ranks
         if ranks is None:
             raise NothingToStartFrom(f"{self.scope}: no snapshot, and no state from the ranks' start")
-        await _run_on_every_rank(member.group.execute_all_async(LOAD_STATE_DICT, ranks))
+        # through the group's compiled graph where it has one: after whatever step a rank is
+        # still running (its graph answers a step's first error before every rank ends it).
+        # A graph passes values, not object refs: the ranks' start states are fetched first.
+        if member.channel is not None and ranks is self.base:
+            ranks = await _run_on_every_rank(ranks)
+        await _run_on_every_rank(member.caller.execute_all_async(LOAD_STATE_DICT, ranks))
         del ranks
         return await self._replay(member, stored, calls)
 
@@ -371,9 +376,10 @@ class GroupDurability:
         return len(calls)
 
     async def _replay(self, member: GroupState, stored: ScopeState, calls: list[Any]) -> int:
-        """The journal after the snapshot, on every rank, in order; the member's journal
-        in memory set to what is stored."""
-        group = member.group
+        """The journal after the snapshot, on every rank, in order (through the group's
+        compiled graph where it has one); the member's journal in memory set to what is
+        stored."""
+        caller = member.caller
         seqs = [seq for seq, _ in stored.entries]
         member.journal.reload(seqs, stored.last_seq + 1)
         self.snapshots.restored(stored.snapshot_seq, len(calls))
@@ -381,7 +387,7 @@ class GroupDurability:
         for index, (method, args, kwargs) in enumerate(calls):
             operation = self.operations.get(method)
             if operation is None:
-                futures += group.submit(method, args, kwargs).futures
+                futures += caller.submit(method, args, kwargs).futures
             elif index + 1 == len(calls) or calls[index + 1][0] != method:
                 await _run_on_every_rank(futures)  # the calls before it, first
                 futures = []

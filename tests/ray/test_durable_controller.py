@@ -103,7 +103,7 @@ class ControllerHost:
                 answers[answer] = answers.get(answer, 0) + 1
 
         await asyncio.gather(*(client(n // concurrency + (i < n % concurrency)) for i in range(concurrency)))
-        await self.controller.groups["gpu_accumulator"].durability.snapshot_settled()
+        await self.controller.groups["gpu_accumulator"].durability.snapshots.settled()
         return answers
 
     async def summary(self) -> dict[str, Any]:
