@@ -16,7 +16,7 @@ router = APIRouter(tags=["admin"], dependencies=[Depends(require_token)])
 
 
 @router.post("/v1/admin/groups/{group}/reset", status_code=202, response_model=GroupBody,
-             responses=errors(401, 404))
+             responses=errors(401, 404, 415, 503, 504))
 async def reset_group(group: str, request: Request) -> Any:
     """Discard the group's stored state (journal, snapshot, Idempotency-Key answers) and
     rebuild it fresh, as its workers' constructor and init calls leave it; other groups
