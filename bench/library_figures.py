@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,21 @@ def bench_batching_bound(layer: Any) -> dict[str, float]:
     }
 
 
+async def alternating_rounds(calls: list[Callable[[], Awaitable[Any]]], n: int) -> list[list[float]]:
+    """About ``n`` timings of each coroutine function, taken in five alternating rounds (so
+    machine noise hits each alike), the first two calls of each round left out (they warm
+    the path): one list of seconds per function."""
+    timings: list[list[float]] = [[] for _ in calls]
+    for _ in range(5):
+        for call, samples in zip(calls, timings, strict=True):
+            for i in range(n // 5 + 2):
+                start = time.perf_counter()
+                await call()
+                if i >= 2:
+                    samples.append(time.perf_counter() - start)
+    return timings
+
+
 def bench_transports(pool: Any, worker_cls: Any, n: int) -> dict[str, float | None]:
     """The controller's two transports to a group's ranks (``transport: tasks`` and
     ``compiled``), as it uses them from its event loop: a ONE_TO_ALL call's p50 over a Ray
@@ -193,18 +209,7 @@ def bench_transports(pool: Any, worker_cls: Any, n: int) -> dict[str, float | No
             pending = caller.submit("m", (1,))
             return pending.collect(await asyncio.gather(*as_asyncio(pending.futures)))
 
-        async def measure() -> tuple[list[float], list[float]]:
-            tasks_s, compiled_s = [], []
-            for _ in range(5):
-                for caller, samples in ((group, tasks_s), (channel, compiled_s)):
-                    for i in range(n // 5 + 2):
-                        start = time.perf_counter()
-                        await call(caller)
-                        if i >= 2:  # the first two warm the path
-                            samples.append(time.perf_counter() - start)
-            return tasks_s, compiled_s
-
-        tasks_s, compiled_s = asyncio.run(measure())
+        tasks_s, compiled_s = asyncio.run(alternating_rounds([lambda: call(group), lambda: call(channel)], n))
         out["transport_compiled_idle_cores"] = idle_cores(pids)
         channel.teardown()
         out.update(transport_tasks_p50_ms=p50(tasks_s) * 1e3, transport_compiled_p50_ms=p50(compiled_s) * 1e3,
@@ -227,18 +232,7 @@ def bench_loop_vs_thread(group: Any, n: int) -> dict[str, float]:
     async def in_thread() -> Any:
         return await asyncio.to_thread(group.m, 1)
 
-    async def measure() -> tuple[list[float], list[float]]:
-        loop_s, thread_s = [], []
-        for _ in range(5):
-            for fn, samples in ((on_loop, loop_s), (in_thread, thread_s)):
-                for i in range(n // 5 + 2):
-                    start = time.perf_counter()
-                    await fn()
-                    if i >= 2:  # the first two warm the path
-                        samples.append(time.perf_counter() - start)
-        return loop_s, thread_s
-
-    loop_s, thread_s = asyncio.run(measure())
+    loop_s, thread_s = asyncio.run(alternating_rounds([on_loop, in_thread], n))
     return {
         "group_call_on_loop_p50_ms": p50(loop_s) * 1e3,
         "group_call_in_thread_p50_ms": p50(thread_s) * 1e3,

@@ -14,10 +14,9 @@ import sys
 import time
 from typing import Any
 
-import httpx
 import yaml
 
-from tests.serve_process import CONFIG, ROOT, ServeProcess
+from tests.serve_process import CONFIG, ROOT, ServeProcess, answers_200
 
 DEPLOY = """
 import json, sys
@@ -80,11 +79,8 @@ class ServeApp:
     def wait_ready(self, timeout_s: float = 600.0, ready_path: str = "/readyz") -> ServeApp:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}{ready_path}", timeout=5).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
+            if answers_200(f"{self.url}{ready_path}"):
+                return self
             time.sleep(0.5)
         raise TimeoutError(f"application {self.name} not ready within {timeout_s:g} s:\n{self.host.tail()}")
 

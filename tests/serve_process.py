@@ -123,6 +123,14 @@ TEST_RUN_ENV = {
 RETRIED_START_FAILURES = ("Failed to bind to address", "The current node timed out during startup")
 
 
+def answers_200(url: str) -> bool:
+    """Whether a GET of ``url`` answers 200 now (a refused connection: no)."""
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def port_free(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) != 0
@@ -274,20 +282,21 @@ class ServeProcess:
             if refused:
                 self.kill()
                 raise RuntimeError(f"serve run refused to start: {refused}")
-            try:
-                if httpx.get(f"{self.url}{ready_path}", timeout=5).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
+            if answers_200(f"{self.url}{ready_path}"):
+                return self
             time.sleep(0.5)
         self.kill()
         raise TimeoutError(f"service not ready within {timeout_s:g} s:\n{self.tail()}")
 
     def _refusal(self) -> str | None:
-        """The controller's StateMismatchError, if this start's output has one."""
-        for line in self.output().splitlines():
-            if "StateMismatchError: " in line:
-                return line.split("StateMismatchError: ", 1)[1].strip()
+        """Why this start was refused, if its output says: a config the build refused
+        (``ConfigError``), or stored state that no longer fits a group
+        (``StateMismatchError``)."""
+        lines = self.output().splitlines()
+        for index, line in enumerate(lines):
+            for refusal in ("ConfigError: ", "StateMismatchError: "):
+                if refusal in line:  # a config's problems follow on lines of their own
+                    return "\n".join([line.split(refusal, 1)[1].strip(), *lines[index + 1:index + 20]]).strip()
         return None
 
     def processes(self) -> dict[int, list[bytes]]:

@@ -9,6 +9,7 @@
     hybridflow call accumulator add --args '[10]'
     hybridflow infer mlp --shape 8,2,4096 --random
     hybridflow job mlp run_layer --random-input 2048,16,4096 --binary --split 16
+    hybridflow events [--group gpu_accumulator] [--since 0] [--count 10]
 
 ``--url`` (default $HYBRIDFLOW_URL or http://127.0.0.1:8000), ``--token`` (default $HYBRIDFLOW_TOKEN)
 and ``--timeout`` may come before or after the command. While a call or an inference
@@ -159,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--binary", action="store_true", help="send and receive safetensors")
     job.add_argument("--split", type=int, default=1, help="pieces along dim 0 of the dp input (progress steps)")
     job.add_argument("--json", action="store_true", help="print the output as JSON")
+
+    events = command("events", "print the service's events as they happen (GET /v1/events), until interrupted")
+    events.add_argument("--group", help="only this group's events")
+    events.add_argument("--since", metavar="ID", help="start after this event id (0: every event the service kept)")
+    events.add_argument("--count", type=int, metavar="N", help="stop after N events")
+    events.add_argument("--json", action="store_true", help="one JSON object per line: id, event and data")
 
     infer = command("infer", "Open Inference Protocol inference with binary tensor data")
     infer.add_argument("model")
@@ -326,6 +333,27 @@ def _cmd_job(client: SingleControllerClient, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_events(client: SingleControllerClient, args: argparse.Namespace) -> int:
+    if args.count is not None and args.count < 1:
+        raise UsageError("--count must be at least 1")
+    seen = 0
+    try:
+        for event in client.events(group=args.group, since=args.since):
+            if args.json:
+                print(json.dumps({"id": event.id, "event": event.kind, "data": event.data}), flush=True)
+            else:
+                when = time.strftime("%H:%M:%S", time.localtime(event.at)) if event.at else "--:--:--"
+                fields = {k: v for k, v in event.data.items() if k not in ("group", "at")}
+                details = " ".join(f"{k}={json.dumps(v)}" for k, v in fields.items())
+                print(f"{when} {event.id or '-'} {event.kind} {event.group or '-'} {details}".rstrip(), flush=True)
+            seen += 1
+            if args.count is not None and seen >= args.count:
+                break
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
 COMMANDS: dict[str, Callable[[SingleControllerClient, argparse.Namespace], int]] = {
     "health": _cmd_health,
     "groups": _cmd_groups,
@@ -333,6 +361,7 @@ COMMANDS: dict[str, Callable[[SingleControllerClient, argparse.Namespace], int]]
     "call": _cmd_call,
     "job": _cmd_job,
     "infer": _cmd_infer,
+    "events": _cmd_events,
 }
 
 

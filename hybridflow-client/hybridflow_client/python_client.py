@@ -25,6 +25,7 @@ The contract they speak::
                                        "dispatch_mode", "execute_mode", "world_size", "output"}
     POST /v1/jobs/{group}/{method}     the same body, as a job (?split=N); 202 with its status
     GET  /v1/jobs/{id}[/result]        a job's status, its answer; DELETE cancels
+    GET  /v1/events                    Server-Sent Events (?group=); resumed with Last-Event-ID
     GET  /v2, /v2/models/{model}       Open Inference Protocol metadata
     POST /v2/models/{model}/infer      Open Inference Protocol, binary tensor data extension
 
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Iterator
 from typing import TypeVar
 
 import httpx
@@ -57,11 +59,14 @@ from hybridflow_client.core import (
     ServiceError,
     advance,
 )
+from hybridflow_client.events import RECONNECT_S, Event, EventParser, events_request, reconnects
+from hybridflow_client.messages import check
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "DEFAULT_URL",
     "AsyncSingleControllerClient",
+    "Event",
     "InferResult",
     "ServiceError",
     "SingleControllerClient",
@@ -90,6 +95,31 @@ class SingleControllerClient(ClientAPI):
         while not isinstance(step, Done):
             step = advance(operation, self._perform(step))
         return step.value
+
+    def events(self, group: str | None = None, since: int | str | None = None, reconnect: bool = True) -> Iterator[Event]:
+        """``GET /v1/events``: every event as it happens (of ``group`` only, when given),
+        after the event ``since`` (an id; 0: every one the service kept; None: from now
+        on). A stream that is cut is resumed with ``Last-Event-ID`` (``reconnect=False``:
+        it ends instead), so nothing the service kept is missed; the iterator runs until
+        the caller stops. :class:`ServiceError` for a refused token or an unknown group."""
+        parser = EventParser(None if since is None else str(since))
+        while True:
+            request = events_request(group, parser.last_id)
+            try:
+                with self._http.stream(request.method, request.path, headers=request.headers) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        check(response)
+                    for line in response.iter_lines():
+                        yield from parser.feed(line)
+                wait = parser.retry_s or RECONNECT_S
+            except (ServiceError, httpx.TransportError) as exc:
+                wait = reconnects(exc)
+                if wait is None or not reconnect:
+                    raise
+            if not reconnect:
+                return
+            time.sleep(wait)
 
     def _perform(self, step: Request | Pause) -> httpx.Response | httpx.TransportError | None:
         if isinstance(step, Pause):
@@ -121,6 +151,30 @@ class AsyncSingleControllerClient(ClientAPI):
         while not isinstance(step, Done):
             step = advance(operation, await self._perform(step))
         return step.value
+
+    async def events(
+        self, group: str | None = None, since: int | str | None = None, reconnect: bool = True
+    ) -> AsyncIterator[Event]:
+        """:meth:`SingleControllerClient.events`, as an async iterator."""
+        parser = EventParser(None if since is None else str(since))
+        while True:
+            request = events_request(group, parser.last_id)
+            try:
+                async with self._http.stream(request.method, request.path, headers=request.headers) as response:
+                    if response.status_code >= 400:
+                        await response.aread()
+                        check(response)
+                    async for line in response.aiter_lines():
+                        for event in parser.feed(line):
+                            yield event
+                wait = parser.retry_s or RECONNECT_S
+            except (ServiceError, httpx.TransportError) as exc:
+                wait = reconnects(exc)
+                if wait is None or not reconnect:
+                    raise
+            if not reconnect:
+                return
+            await asyncio.sleep(wait)
 
     async def _perform(self, step: Request | Pause) -> httpx.Response | httpx.TransportError | None:
         if isinstance(step, Pause):

@@ -30,6 +30,7 @@ from __future__ import annotations
 from hybridflow.config.groups import (
     NAME_PATTERN,
     RESERVED_DEPLOYMENTS,
+    BackoffConfig,
     BatchingConfig,
     ConfigError,
     DeploymentConfig,
@@ -38,6 +39,7 @@ from hybridflow.config.groups import (
     MegatronConfig,
     ModelConfig,
     PoolConfig,
+    SupervisionConfig,
     TensorSpec,
 )
 from hybridflow.config.loading import colocations, import_worker, load_config, pool_root
@@ -52,6 +54,7 @@ __all__ = [
     "RESERVED_DEPLOYMENTS",
     "STATE_FRESH_ENV",
     "STATE_PATH_ENV",
+    "BackoffConfig",
     "BatchingConfig",
     "ConfigError",
     "DeploymentConfig",
@@ -63,6 +66,7 @@ __all__ = [
     "PoolConfig",
     "ServiceConfig",
     "StateConfig",
+    "SupervisionConfig",
     "TensorSpec",
     "colocations",
     "import_worker",

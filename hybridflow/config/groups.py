@@ -86,6 +86,43 @@ class MegatronConfig(_Strict):
         return self.model_dump(exclude_none=True)
 
 
+#: What a lost rank does to its group (``supervision.on_rank_lost``).
+REBUILD_GROUP, REPLACE_RANK, HALT = "rebuild_group", "replace_rank", "halt"
+OnRankLost = Literal["rebuild_group", "replace_rank", "halt"]
+
+
+class BackoffConfig(_Strict):
+    """Seconds between a failed start and the next try: ``initial``, doubled after each
+    further failure, at most ``max``."""
+
+    initial: float = Field(1.0, gt=0, description="seconds before the first try after a failed start")
+    max: float = Field(60.0, gt=0, description="the longest wait between tries")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> BackoffConfig:
+        if self.max < self.initial:
+            raise ValueError(f"max ({self.max:g}) is below initial ({self.initial:g})")
+        return self
+
+
+class SupervisionConfig(_Strict):
+    """What the service does when one of a group's ranks is lost, and how often it may
+    restart the group before it halts it (hybridflow.control.supervisor carries it out)."""
+
+    on_rank_lost: OnRankLost = Field(
+        REBUILD_GROUP,
+        description="rebuild_group: the whole group on fresh workers, its state restored; replace_rank: a new "
+        "worker for the lost rank alone, in its bundle, its state restored, while the other ranks keep their "
+        "processes; halt: the group is failed until POST /v1/admin/groups/{group}/restart or /reset",
+    )
+    max_restarts: int = Field(
+        10, ge=0, description="restarts (after a lost rank, or a failed start) allowed within restart_window_s; "
+        "the next one halts the group instead"
+    )
+    restart_window_s: float = Field(600.0, gt=0, description="the sliding window max_restarts counts in")
+    backoff_s: BackoffConfig = BackoffConfig()
+
+
 class GroupConfig(_Strict):
     name: str = Field(..., pattern=NAME_PATTERN)
     worker: str = Field(..., description="module:Class, a Worker subclass (@ray.remote or plain)")
@@ -114,6 +151,10 @@ class GroupConfig(_Strict):
         description="how calls reach the ranks: compiled (one Ray Compiled Graph over the group's processes: no Ray "
         "task per rank and call, but its ranks poll while idle), tasks (a Ray task per rank and call), auto "
         "(compiled where the group can use it and its node has cores to spare for the polling ranks, else tasks)",
+    )
+
+    supervision: SupervisionConfig = Field(
+        SupervisionConfig(), description="what a lost rank does to the group, and the bounds on its restarts"
     )
 
     @field_validator("worker")

@@ -98,6 +98,7 @@ def _references(config: ServiceConfig) -> list[str]:
             problems += _colocation_pools(deployment)
             problems += _weights_sources(deployment)
             problems += _transports(deployment)
+            problems += _supervision(deployment)
         for model in deployment.models:
             if model.group not in groups:
                 problems.append(
@@ -237,6 +238,37 @@ def _transports(deployment: DeploymentConfig) -> list[str]:
     return problems
 
 
+def replacement_unfit(group: GroupConfig, deployment: DeploymentConfig) -> str | None:
+    """Why one of ``group``'s ranks cannot be replaced alone (``on_rank_lost: replace_rank``;
+    None: it can), as far as the declaration says; the worker class is checked on import."""
+    if group.plain_actor:
+        return "a plain actor is a group of one on no pool: there is no rank to replace alone"
+    if group.megatron is not None:
+        return "a Megatron group's ranks share process groups, which one new rank cannot join alone"
+    if any(group.name in members for members in colocations(deployment)):
+        return "its processes are shared with colocated groups"
+    if group.pool is not None and group.pool.merge is not None:
+        return "its processes are on merged pools"
+    if group.weights_from is not None or any(g.weights_from == group.name for g in deployment.groups):
+        return "it takes part in a weight sync, which moves weights between all ranks of both groups"
+    return None
+
+
+def _supervision(deployment: DeploymentConfig) -> list[str]:
+    problems = []
+    for group in deployment.groups:
+        why = replacement_unfit(group, deployment) if group.supervision.on_rank_lost == "replace_rank" else None
+        if why is not None:
+            problems.append(f"{_group_path(deployment, group)}.supervision.on_rank_lost: replace_rank is refused: "
+                            f"{why}; use rebuild_group or halt")
+    groups = {g.name: g for g in deployment.groups}
+    for members in colocations(deployment):  # they start and fail together: one supervision
+        if len({groups[name].supervision.model_dump_json() for name in members}) > 1:
+            problems.append(f"deployments[{deployment.name}].groups[{members[0]}].supervision: colocated groups "
+                            f"start and fail together and need the same supervision: {', '.join(members)}")
+    return problems
+
+
 def _workers(config: ServiceConfig) -> list[str]:
     from single_controller.base.worker import Worker
     from single_controller.base.worker_methods import user_class
@@ -267,6 +299,11 @@ def _workers(config: ServiceConfig) -> list[str]:
                 problems.append(f"{path}.worker: a megatron group needs a MegatronWorker subclass, got {plain.__name__}")
                 continue
             classes[group.name] = plain
+            if group.supervision.on_rank_lost == "replace_rank" and not all(
+                    callable(getattr(plain, name, None)) for name in ("state_dict", "load_state_dict")):
+                problems.append(f"{path}.supervision.on_rank_lost: replace_rank is refused: {plain.__name__} has no "
+                                "state_dict() and load_state_dict() to restore the replaced rank with; use "
+                                "rebuild_group or halt")
             for name in group.read_only:
                 if not callable(getattr(plain, name, None)):
                     problems.append(f"{path}.read_only: {plain.__name__} has no method {name!r}")

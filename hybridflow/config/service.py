@@ -54,6 +54,10 @@ class LimitsConfig(_Strict):
     weight_syncs_queued: int = Field(
         4, ge=0, description="weight syncs that may wait per destination group while one runs; more answer 429"
     )
+    events_kept: int = Field(
+        10_000, ge=1, description="events GET /v1/events keeps for a client that resumes (Last-Event-ID); a resume "
+        "from before them starts with an events_lost event"
+    )
 
     def wire(self) -> WireLimits:
         """The bounds the decoders (wire) take."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from hybridflow.control.contract import CallRequest, CallResult, ControllerError, GroupSummary, InferResult
+from hybridflow.control.events import EventStream
 
 
 class Backend(Protocol):
@@ -30,6 +31,14 @@ class Backend(Protocol):
     async def describe_group(self, group: str) -> GroupSummary | ControllerError: ...
 
     async def reset_group(self, group: str) -> GroupSummary | ControllerError: ...
+
+    async def restart_group(self, group: str) -> GroupSummary | ControllerError: ...
+
+    async def events(self, since: str | None, group: str | None) -> EventStream | ControllerError:
+        """The events after ``since`` (a ``Last-Event-ID`` as this backend numbers them;
+        None: from now on), of ``group`` only when given; BAD_ARGUMENTS for an id it does
+        not give, UNKNOWN_GROUP for a group it does not serve."""
+        ...
 
     async def ready(self) -> dict[str, bool]: ...
 

@@ -123,6 +123,16 @@ def _run_init_calls(group: Any, config: GroupConfig) -> None:
         group.call_method(call.method, *copy.deepcopy(call.args), **copy.deepcopy(call.kwargs))
 
 
+def restart_rank(group: Any, config: GroupConfig, rank: int) -> None:
+    """Start ``group``'s ``rank`` again alone (``RayWorkerGroup.replace_worker``) and run
+    that rank's share of the group's init calls on it, as its first start ran them."""
+    group.replace_worker(rank)
+    for call in config.init_calls:
+        future = group.submit_rank(rank, call.method, copy.deepcopy(call.args), copy.deepcopy(call.kwargs))
+        if future is not None:
+            ray.get(future)
+
+
 def _start_group(config: GroupConfig, pools: PoolSet, plan: DeploymentPlan) -> Any:
     worker = import_worker(config.worker)
     if config.plain_actor:

@@ -146,6 +146,11 @@ class GroupSummary:
     replayed_calls: int
     journal_length: int
     methods: list[MethodSummary]
+    #: Restarts after lost ranks or failed starts, ranks replaced alone, and what a lost
+    #: rank does to the group (its ``supervision``).
+    restarts: int = 0
+    replaced_ranks: int = 0
+    on_rank_lost: str = "rebuild_group"
     colocated_with: list[str] = field(default_factory=list)
     #: How its calls reach its ranks: ``tasks`` or ``compiled`` (hybridflow.control.transport).
     transport: str = "tasks"

@@ -11,8 +11,10 @@ as a task of its own, so a client that goes away cannot leave it applied but unj
 
 A mutating call that fails anywhere (raised on some ranks or all of them, a lost worker,
 a timeout) may have changed the ranks it ran on, so the group is restored from its
-journal in the background; its caller gets the error. Store I/O runs in the store's own
-threads (``hybridflow.state.async_store``): a store that waits never stalls the loop.
+journal in the background (in place where its workers allow: a client's error stays that
+client's; a lost worker goes to the group's supervision, ``hybridflow.control.supervisor``);
+its caller gets the error. Store I/O runs in the store's own threads
+(``hybridflow.state.async_store``): a store that waits never stalls the loop.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from hybridflow.control.contract import (
     MethodSummary,
 )
 from hybridflow.control.durability import GroupDurability, PendingRecord, fresh_token
+from hybridflow.control.events import EventBus
 from hybridflow.control.models import ModelServer
 from hybridflow.control.placement import DeploymentPlan
 from hybridflow.control.submissions import large
@@ -78,11 +81,14 @@ class GroupController:
         limits: LimitsConfig | None = None,
         state: StateConfig | None = None,
         transports: dict[str, str] | None = None,
+        events: EventBus | None = None,
     ) -> None:
         """``state``: where the groups' state is kept (resolved: an absolute path); None
         keeps it in memory. ``transports``: each group's, resolved
-        (``hybridflow.control.transport``); by default resolved for this deployment alone."""
+        (``hybridflow.control.transport``); by default resolved for this deployment alone.
+        ``events``: where the groups' events go (the process's bus; one of its own by default)."""
         self.deployment = deployment
+        self.events = events if events is not None else EventBus((limits or LimitsConfig()).events_kept)
         self.plan = plan
         self.request_timeout_s = request_timeout_s
         self.state = state or StateConfig(path=None)
@@ -108,6 +114,7 @@ class GroupController:
             transports = resolve_transports([deployment], sizes, node_cores())
         for name, group_state in self.groups.items():
             group_state.transport = transports[name]
+            group_state.durability.snapshots.events = self.events
         self.units: list[UnitState] = []
         for unit in units:
             state = UnitState(unit, [self.groups[name] for name in unit.members])
@@ -115,7 +122,7 @@ class GroupController:
                 member.unit = state
             self.units.append(state)
         self.supervisor = Supervisor(self.units, request_timeout_s, health_timeout_s, on_rebuilt=metrics.unit_rebuilt,
-                                     replay_timeout_s=self.state.replay_timeout_s)
+                                     replay_timeout_s=self.state.replay_timeout_s, events=self.events)
         self.answers: IdempotencyCache[CallResult] = IdempotencyCache(limits.idempotency_keys, limits.idempotency_bytes)
         #: Weight syncs into the groups whose worker declares weights (hybridflow.control.weights).
         self.weights = WeightSyncs(self, self._unavailable, self.state.weights_directory(), request_timeout_s,
@@ -195,7 +202,7 @@ class GroupController:
             ))
         result = CallResult(dispatch_mode=info.dispatch_mode, execute_mode=info.execute_mode)
         group = state.group
-        if state.status != READY or group is None:
+        if not state.serving:
             result.error = self._unavailable(state)
             return result
         result.world_size = group.world_size
@@ -227,7 +234,7 @@ class GroupController:
                 "into the group to finish, and was not run"))
             return result
         group = state.group
-        if state.status != READY or group is None:  # it may have changed while encoding or waiting
+        if not state.serving:  # it may have changed while encoding or waiting
             result.error = self._unavailable(state)
             return result
         if info.mutating:
@@ -271,8 +278,9 @@ class GroupController:
             done, waiting = await asyncio.wait(futures, timeout=self.request_timeout_s)
             if waiting:
                 # The workers are stuck behind this call (and a mutating one may still apply):
-                # restore the group from the journal.
-                self.supervisor.recover(unit, f"{state.name}.{entry.method if entry else 'call'} timed out")
+                # rebuild the group from the journal (unless it was rebuilt meanwhile).
+                if generation == unit.generation:
+                    self.supervisor.restart(unit, f"{state.name}.{entry.method if entry else 'call'} timed out")
                 result.error = _error(
                     ErrorKind.TIMEOUT, f"{state.name} did not finish within {self.request_timeout_s:g} s"
                 )
@@ -280,11 +288,16 @@ class GroupController:
             failures = [failure_of(f.exception()) for f in futures if f.exception() is not None]
             if failures:
                 lost = [message for worker_lost, message in failures if worker_lost]
-                if lost or entry is not None or generation != unit.generation:
-                    # A worker died, or a mutating call failed: whether it raised on some ranks
-                    # or on all of them, it may have changed them before it raised, and the
-                    # ranks no longer match the journal.
-                    self.supervisor.recover(unit, f"{state.name}: {(lost or [failures[0][1]])[0]}")
+                if generation != unit.generation:
+                    pass  # workers of an earlier generation: what became of them was acted on
+                elif lost:
+                    self.supervisor.worker_lost(unit, f"{state.name}: a worker was lost ({lost[0]})")
+                elif entry is not None:
+                    # A mutating call failed: whether it raised on some ranks or on all of
+                    # them, it may have changed them before it raised, and the ranks no
+                    # longer match the journal.
+                    state.diverged = True
+                    self.supervisor.restore(unit, f"{state.name}: {failures[0][1]}")
                 if lost:
                     result.error = self._unavailable(state, f"a worker of group {state.name!r} was lost ({lost[0]})")
                 else:
@@ -309,7 +322,8 @@ class GroupController:
                     await state.durability.record(record, result)
                 except Exception as exc:
                     # The ranks applied a call the store may not hold: restore them from the store.
-                    self.supervisor.recover(unit, f"{state.name}: the state store did not take {entry.method} "
+                    state.diverged = True
+                    self.supervisor.restore(unit, f"{state.name}: the state store did not take {entry.method} "
                                                   f"({failure_of(exc)[1]})")
                     result.output = None
                     result.error = self._unavailable(
@@ -325,12 +339,14 @@ class GroupController:
             state.running -= 1
             if entry is not None and not acknowledged:
                 state.journal.abort(entry)
+                state.diverged = True  # it reached the ranks: some may have applied it
 
     def _submit_failed(self, state: GroupState, method: str, exc: Exception) -> ControllerError:
         if isinstance(exc, SubmitError):
             # Some ranks got the call and others did not: their state (and the order of any
             # collective they run) no longer match, so the group is restored from the journal.
-            self.supervisor.recover(state.unit, f"{state.name}.{method} reached some ranks only: {first_line(exc)}")
+            state.diverged = True
+            self.supervisor.restore(state.unit, f"{state.name}.{method} reached some ranks only: {first_line(exc)}")
             return self._unavailable(state, f"submitting {method} to group {state.name!r} failed part way")
         # Nothing was sent.
         if isinstance(exc, DispatchError):
@@ -343,7 +359,8 @@ class GroupController:
         if why is None and state.unit is not None and state.unit.halted:
             # retrying does not help until an operator acts: no Retry-After
             return _error(ErrorKind.UNAVAILABLE, f"group {state.name!r} is failed: {state.unit.last_error}")
-        message = why or f"group {state.name!r} is {state.status}"
+        status = "checking its workers" if state.unit is not None and state.unit.examining else state.status
+        message = why or f"group {state.name!r} is {status}"
         return _error(ErrorKind.UNAVAILABLE, f"{message}; retry shortly", RETRY_AFTER_S)
 
     # -- operators ------------------------------------------------------------------------
@@ -363,12 +380,26 @@ class GroupController:
         self.supervisor.reset(state.unit, discard, f"{name}: reset by an operator")
         return self._summary(state)
 
+    def restart_group(self, name: str) -> GroupSummary | ControllerError:
+        """Rebuild the group's unit on fresh workers with its stored state, in the
+        background: the way back for a halted group (``supervision``), and a fresh start
+        for any other; its restart count starts again."""
+        state = self.groups.get(name)
+        if state is None or state.unit is None:
+            return self._unknown_group(name)
+        self.supervisor.restart_by_operator(state.unit, f"{name}: restarted by an operator")
+        return self._summary(state)
+
     # -- health and description -------------------------------------------------------------
     async def check_health(self) -> dict[str, str]:
         return await self.supervisor.check()
 
     def ready(self) -> dict[str, bool]:
-        return {name: state.status == READY for name, state in self.groups.items()}
+        """Readiness: whether each group came up since this controller started. Later, a
+        group that rebuilds, restores or halts says so in its own status and its calls'
+        503s: one group's trouble (one client's bad call above all) takes no other out of
+        service."""
+        return {name: bool(state.unit and state.unit.came_up) for name, state in self.groups.items()}
 
     def describe(self) -> list[GroupSummary]:
         return [self._summary(state) for state in self.groups.values()]
@@ -388,6 +419,9 @@ class GroupController:
             status=state.status,
             last_error=state.unit.last_error if state.unit else None,
             rebuilds=state.unit.rebuilds if state.unit else 0,
+            restarts=state.unit.restarts if state.unit else 0,
+            replaced_ranks=state.unit.replaced_ranks if state.unit else 0,
+            on_rank_lost=state.config.supervision.on_rank_lost,
             replayed_calls=state.unit.replayed if state.unit else 0,
             journal_length=len(state.journal),
             snapshot_error=state.durability.snapshots.error,

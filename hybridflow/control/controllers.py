@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import warnings
+from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
 
-from hybridflow.config import DeploymentConfig, ServiceConfig
+from hybridflow.config import DeploymentConfig, LimitsConfig, ServiceConfig
 from hybridflow.control import metrics
 from hybridflow.control.builder import PoolSet, units
 from hybridflow.control.contract import (
@@ -25,6 +26,7 @@ from hybridflow.control.contract import (
     InferResult,
 )
 from hybridflow.control.controller import GroupController
+from hybridflow.control.events import KINDS, Event, EventBus, EventStream, parse_since
 from hybridflow.control.placement import DeploymentPlan
 from hybridflow.control.transport import node_cores, resolve_transports
 from single_controller.ray.tensor_transport import send_tensors_out_of_band
@@ -43,8 +45,12 @@ def _unknown_model(model: str, known: Any) -> ControllerError:
 class Controllers:
     """Every controller this process hosts, answering for their groups and models."""
 
-    def __init__(self, controllers: list[GroupController], pools: list[PoolSet] | None = None) -> None:
+    def __init__(
+        self, controllers: list[GroupController], pools: list[PoolSet] | None = None, events: EventBus | None = None
+    ) -> None:
         self.controllers = {controller.deployment.name: controller for controller in controllers}
+        #: The events of every hosted controller's groups, numbered in one sequence.
+        self.events_bus = events or (controllers[0].events if len(controllers) == 1 else EventBus())
         #: group -> its controller; model -> its controller.
         self.group_owner = {group: c for c in controllers for group in c.groups}
         self.model_owner = {model: c for c in controllers for model in c.models.models}
@@ -77,6 +83,7 @@ class Controllers:
         sizes = {group.name: plan.world_size(group.name) for config, plan in zip(configs, plans, strict=True)
                  for group in config.groups}
         transports = resolve_transports(configs, sizes, node_cores())
+        events = EventBus(LimitsConfig.model_validate(service.get("limits") or {}).events_kept)
         controllers, pool_sets = [], []
         for index, (deployment, config, plan) in enumerate(zip(deployments, configs, plans, strict=True)):
             settings = ServiceConfig.model_validate({**service, "deployments": [deployment]})
@@ -88,9 +95,10 @@ class Controllers:
                 limits=settings.limits,
                 state=settings.state,
                 transports=transports,
+                events=events,
             ))
             pool_sets.append(pools)
-        return cls(controllers, pool_sets)
+        return cls(controllers, pool_sets, events)
 
     async def begin(self) -> None:
         """Claim every group's stored state (stored state that no longer fits a group
@@ -133,6 +141,44 @@ class Controllers:
         if owner is None:
             return _unknown_group(group, self.group_owner)
         return owner.reset_group(group)
+
+    async def restart_group(self, group: str) -> GroupSummary | ControllerError:
+        """An operator's restart of one group with its state (``POST /v1/admin/groups/{group}/restart``)."""
+        owner = self.group_owner.get(group)
+        if owner is None:
+            return _unknown_group(group, self.group_owner)
+        return owner.restart_group(group)
+
+    async def events(self, since: str | None, group: str | None) -> EventStream | ControllerError:
+        """The groups' events after ``since`` (a ``Last-Event-ID``; None: from now on),
+        of ``group`` only when given (``GET /v1/events``)."""
+        try:
+            after = parse_since(since)
+        except ValueError as exc:
+            return ControllerError(ErrorKind.BAD_ARGUMENTS, str(exc))
+        if group is not None and group not in self.group_owner:
+            return _unknown_group(group, self.group_owner)
+        # from now on means after the latest event now, not when the stream is first read
+        after = self.events_bus.last_id if after is None else after
+        return EventStream(after, self.stream_events(after, group))
+
+    async def stream_events(self, since: int | None, group: str | None) -> AsyncIterator[Event]:
+        """:meth:`events` as an async generator (what a Serve handle streams)."""
+        subscription = self.events_bus.subscribe(since, group)
+        try:
+            async for event in subscription:
+                yield event
+        finally:
+            subscription.close()
+
+    def last_event_id(self) -> int:
+        """The id of the latest event (0: none yet): where a stream from now on starts."""
+        return self.events_bus.last_id
+
+    def publish_event(self, kind: str, group: str | None, fields: dict[str, Any]) -> None:
+        """An event from elsewhere in the service (the jobs deployment's ``job`` events)."""
+        if kind in KINDS:
+            self.events_bus.publish(kind, group, **fields)
 
     async def ready(self) -> dict[str, bool]:
         return {group: ok for controller in self.controllers.values() for group, ok in controller.ready().items()}

@@ -30,6 +30,13 @@ Restore (at start, after a replica restart or a new ``serve run``, and on every 
     replaces all it did. Later calls are numbered after the stored ones. The supervisor
     bounds a restore by ``state.replay_timeout_s``.
 
+Restore in place, and one rank (the supervisor picks: ``hybridflow.control.recovery``)
+    A group whose worker has ``state_dict`` and ``load_state_dict`` can be restored on its
+    own processes: every rank loads its part of the snapshot, or, before the first one is
+    stored, the state it came up with (each rank's ``state_dict`` taken at its start,
+    held as object refs until a snapshot is stored), and the journal after it is replayed.
+    A replaced rank alone gets its part of the same and its share of each journaled call.
+
 Restore points (a group without snapshots)
     A group that takes no snapshots would replay its journal from its first call. One of
     the service's own operations (a weight sync) may instead become its restore point
@@ -62,9 +69,9 @@ from typing import TYPE_CHECKING, Any
 from hybridflow.config import GroupConfig, StateConfig
 from hybridflow.control.catalogue import LOAD_STATE_DICT, STATE_DICT
 from hybridflow.control.contract import CallRequest, CallResult, ControllerError, ErrorKind
+from hybridflow.control.group_state import RestoreRefused, as_asyncio
 from hybridflow.control.snapshots import Snapshots
 from hybridflow.control.submissions import large
-from hybridflow.control.supervisor import RestoreRefused, as_asyncio
 from hybridflow.state.async_store import AsyncStore
 from hybridflow.state.codec import (
     StateCodecError,
@@ -87,7 +94,7 @@ from hybridflow.state.store import (
 from single_controller.base.worker_methods import user_class
 
 if TYPE_CHECKING:
-    from hybridflow.control.supervisor import GroupState
+    from hybridflow.control.group_state import GroupState
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +102,11 @@ logger = logging.getLogger(__name__)
 FINGERPRINT_FIELDS = ("plain_actor", "init_args", "init_kwargs", "init_calls", "megatron")
 #: How a restore replays one of the service's own operations: ``(member, seq, args, kwargs)``.
 Operation = Callable[[Any, int, tuple[Any, ...], dict[str, Any]], Awaitable[None]]
+
+
+class NothingToStartFrom(RuntimeError):
+    """A restore in place needs a state to start from: a stored snapshot, or the state the
+    ranks had when they came up; this group has neither (a rebuild will do instead)."""
 
 
 def supports_snapshots(worker_cls: Any) -> bool:
@@ -193,11 +205,17 @@ class GroupDurability:
         self.scope = scope_name(deployment, config.name)
         self.meta = group_meta(config, world_size)
         self.request_timeout_s = request_timeout_s
-        every = snapshot_every if supports_snapshots(worker_cls) else 0
+        self.has_state_methods = supports_snapshots(worker_cls)
+        every = snapshot_every if self.has_state_methods else 0
         self.snapshots = Snapshots(self.io, self.scope, config.name, every, request_timeout_s)
+        self.snapshots.on_stored = self._drop_base
         self._opened: ScopeState | None = None
         #: The service's own operations the journal may hold, by name (see "Restore").
         self.operations: dict[str, Operation] = {}
+        #: Each rank's ``state_dict`` as it came up, as Ray object refs (in the object
+        #: store, not this process), while no snapshot is stored: what a restore in place
+        #: starts from (see "Restore in place").
+        self.base: list[Any] | None = None
 
     @property
     def store(self) -> StateStore:
@@ -252,11 +270,22 @@ class GroupDurability:
         logger.warning("%s: the stored state of this group was discarded by an operator's reset", self.scope)
 
     # -- restore ---------------------------------------------------------------------
-    async def restore(self, member: GroupState) -> int:
-        """Give the member's fresh workers the stored state (see "Restore"); returns how
-        many journaled calls were replayed. RestoreRefused (before any rank ran anything)
-        for a journal entry that names a method outside the group's catalogue."""
-        stored, self._opened = self._opened, None
+    @property
+    def in_place(self) -> bool:
+        """Whether the group can be restored on its own processes (see "Restore in
+        place"): its worker has ``state_dict`` and ``load_state_dict``, and its journal
+        holds none of the service's own operations."""
+        return self.has_state_methods and not self.operations
+
+    def _drop_base(self) -> None:
+        self.base = None
+
+    async def _read(self, member: GroupState, opened: bool = False) -> tuple[ScopeState, list[Any]]:
+        """The stored state and its journal's calls, decoded, each checked against the
+        group's catalogue. ``opened``: use what opening the scope read, once."""
+        stored = None
+        if opened:
+            stored, self._opened = self._opened, None
         if stored is None:
             stored = await self.io.call("load", self.scope)
         # each call decoded into objects of its own: a dispatch function may change them
@@ -267,22 +296,84 @@ class GroupDurability:
                 f"{self.scope}: the stored journal names {', '.join(map(repr, foreign))}, which the group's worker "
                 f"class does not serve; refusing to replay it"
             )
+        return stored, calls
+
+    async def _snapshot_ranks(self, member: GroupState, stored: ScopeState) -> list[Any] | None:
+        """The stored snapshot's parts by rank (None: none stored). A restore point is run
+        here instead (None then too)."""
+        if stored.snapshot is None:
+            return None
+        ranks, point = await asyncio.to_thread(_snapshot_or_restore_point, stored.snapshot)
+        if point is not None:  # an operation's restore point: it runs first, alone
+            method, args, kwargs = point
+            if method not in self.operations:
+                raise RestoreRefused(f"{self.scope}: the stored restore point is a {method!r}, which this "
+                                     "service does not run; refusing to restore from it")
+            await self.operations[method](member, stored.snapshot_seq, args, kwargs)
+            return None
+        if len(ranks) != member.group.world_size:
+            raise StateMismatchError(
+                f"{self.scope}: the stored snapshot has {len(ranks)} ranks, the group {member.group.world_size}"
+            )
+        return ranks
+
+    async def restore(self, member: GroupState) -> int:
+        """Give the member's fresh workers the stored state (see "Restore"); returns how
+        many journaled calls were replayed. RestoreRefused (before any rank ran anything)
+        for a journal entry that names a method outside the group's catalogue."""
+        stored, calls = await self._read(member, opened=True)
         group = member.group
-        if stored.snapshot is not None:
-            ranks, point = await asyncio.to_thread(_snapshot_or_restore_point, stored.snapshot)
-            if point is not None:  # an operation's restore point: it runs first, alone
-                method, args, kwargs = point
-                if method not in self.operations:
-                    raise RestoreRefused(f"{self.scope}: the stored restore point is a {method!r}, which this "
-                                         "service does not run; refusing to restore from it")
-                await self.operations[method](member, stored.snapshot_seq, args, kwargs)
-            else:
-                if len(ranks) != group.world_size:
-                    raise StateMismatchError(
-                        f"{self.scope}: the stored snapshot has {len(ranks)} ranks, the group {group.world_size}"
-                    )
-                await _run_on_every_rank(group.execute_all_async(LOAD_STATE_DICT, ranks))
-            del ranks
+        ranks = await self._snapshot_ranks(member, stored)
+        if ranks is not None:
+            self.base = None
+            await _run_on_every_rank(group.execute_all_async(LOAD_STATE_DICT, ranks))
+        elif stored.snapshot is None and self.in_place:
+            # submitted before the replay: each rank answers its state as it came up
+            self.base = list(group.execute_all_async(STATE_DICT))
+        del ranks
+        return await self._replay(member, stored, calls)
+
+    async def restore_in_place(self, member: GroupState) -> int:
+        """The acknowledged state on the member's own processes (see "Restore in place");
+        returns how many journaled calls were replayed. NothingToStartFrom when there is
+        neither a stored snapshot nor the state the ranks came up with."""
+        stored, calls = await self._read(member)
+        ranks = await self._snapshot_ranks(member, stored)
+        ranks = self.base if ranks is None else ranks
+        if ranks is None:
+            raise NothingToStartFrom(f"{self.scope}: no snapshot, and no state from the ranks' start")
+        await _run_on_every_rank(member.group.execute_all_async(LOAD_STATE_DICT, ranks))
+        del ranks
+        return await self._replay(member, stored, calls)
+
+    async def restore_ranks(self, member: GroupState, ranks: list[int]) -> int:
+        """Bring the new workers of ``ranks`` to where the member's other ranks are: each
+        its part of the snapshot (or of the state the ranks came up with), then its share
+        of every journaled call after it, as the group's dispatch gave it. Returns how many
+        journaled calls were replayed."""
+        stored, calls = await self._read(member)
+        if any(method in self.operations for method, _, _ in calls):
+            raise RestoreRefused(f"{self.scope}: the journal holds one of the service's own operations, which "
+                                 "replays on every rank; one rank cannot be restored alone")
+        group = member.group
+        parts = await self._snapshot_ranks(member, stored)
+        parts = self.base if parts is None else parts
+        futures: list[Any] = []
+        for rank in ranks:
+            if parts is not None:
+                futures.append(group.submit_rank(rank, LOAD_STATE_DICT, (parts,)))
+            for method, args, kwargs in calls:
+                future = group.submit_rank(rank, method, args, kwargs)
+                if future is not None:
+                    futures.append(future)
+        del parts
+        await _run_on_every_rank(futures)
+        return len(calls)
+
+    async def _replay(self, member: GroupState, stored: ScopeState, calls: list[Any]) -> int:
+        """The journal after the snapshot, on every rank, in order; the member's journal
+        in memory set to what is stored."""
+        group = member.group
         seqs = [seq for seq, _ in stored.entries]
         member.journal.reload(seqs, stored.last_seq + 1)
         self.snapshots.restored(stored.snapshot_seq, len(calls))

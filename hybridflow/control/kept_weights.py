@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybridflow.control.supervisor import READY, GroupState, RestoreRefused
+from hybridflow.control.group_state import READY, GroupState, RestoreRefused
 from hybridflow.control.sync_queue import SyncQueue
 from hybridflow.control.weights_version import WeightsVersion
 from hybridflow.state.shard_files import GroupShardFiles, ShardFile, ShardFileError

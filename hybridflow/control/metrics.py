@@ -17,6 +17,10 @@ exported name                                               labels
 ``ray_hybridflow_group_journal_length``                     group
 ``ray_hybridflow_group_snapshot_age_seconds``               group
 ``ray_hybridflow_group_snapshot_failures_total``            group
+``ray_hybridflow_group_restarts_total``                     group
+``ray_hybridflow_group_replaced_ranks_total``               group
+``ray_hybridflow_group_halts_total``                        group
+``ray_hybridflow_group_unready_seconds_total``              group
 ``ray_hybridflow_model_inferences_total``                   model, kind, code
 ``ray_hybridflow_model_batch_size`` (histogram)             model
 ``ray_hybridflow_model_queue_duration_seconds`` (hist.)     model
@@ -39,6 +43,8 @@ Where the recording happens (each a one-line hook):
 - :func:`observed_inference` decorates ``ModelServer.infer`` (and keeps Triton's
   statistics, ``hybridflow.control.model_statistics``);
 - :func:`sample_groups` runs at every Serve health check (journal length, snapshot age);
+- :func:`group_restarted`, :func:`rank_replaced`, :func:`group_halted` and
+  :func:`group_unready` are the supervisor's (``hybridflow.control.supervisor``);
 - :func:`snapshot_taken` and :func:`snapshot_failed` are for the snapshots
   (``hybridflow.control.snapshots``) to call when a group's snapshot is stored, or fails.
 """
@@ -94,6 +100,12 @@ class _Instruments:
                                     _GROUP)
         self.snapshot_failures = m.Counter(PREFIX + "group_snapshot_failures",
                                            "Snapshots that failed (the journal keeps every call).", _GROUP)
+        self.restarts = m.Counter(PREFIX + "group_restarts", "Restarts of the group: after a lost rank, or a failed "
+                                  "start.", _GROUP)
+        self.replaced = m.Counter(PREFIX + "group_replaced_ranks", "Ranks replaced alone (on_rank_lost: replace_rank).",
+                                  _GROUP)
+        self.halts = m.Counter(PREFIX + "group_halts", "Times the group halted (failed until an operator acts).", _GROUP)
+        self.unready = m.Counter(PREFIX + "group_unready_seconds", "Seconds the group was not ready.", _GROUP)
         self.inferences = m.Counter(PREFIX + "model_inferences", "OIP inference requests, by outcome.", _MODEL + _OUTCOME)
         self.batch_size = m.Histogram(
             PREFIX + "model_batch_size", "Size of the batch each successful request ran in.", BATCH_SIZE_BUCKETS, _MODEL
@@ -216,6 +228,24 @@ def snapshot_taken(group: str, taken_at: float | None = None) -> None:
 def snapshot_failed(group: str) -> None:
     """A snapshot of ``group`` failed (it is tried again later)."""
     _metrics().snapshot_failures.inc(tags={"group": group})
+
+
+def group_restarted(group: str) -> None:
+    _metrics().restarts.inc(tags={"group": group})
+
+
+def rank_replaced(group: str) -> None:
+    _metrics().replaced.inc(tags={"group": group})
+
+
+def group_halted(group: str) -> None:
+    _metrics().halts.inc(tags={"group": group})
+
+
+def group_unready(group: str, seconds: float) -> None:
+    """``group`` was not ready for another ``seconds``."""
+    if seconds > 0:
+        _metrics().unready.inc(seconds, tags={"group": group})
 
 
 def sample_groups(controller: Any) -> None:

@@ -20,7 +20,7 @@ from hybridflow.config import ModelConfig
 from hybridflow.control import metrics, model_statistics
 from hybridflow.control.batching import Batcher, Ran, run_alone
 from hybridflow.control.contract import CallRequest, ControllerError, ErrorKind, InferResult
-from hybridflow.control.supervisor import READY, as_asyncio
+from hybridflow.control.group_state import READY, as_asyncio
 from hybridflow_client.wire.tensors import datatype_of_torch as datatype_of
 
 

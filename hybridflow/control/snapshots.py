@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from hybridflow.control import metrics
 from hybridflow.control.catalogue import STATE_DICT
-from hybridflow.control.supervisor import READY, as_asyncio, failure_of
+from hybridflow.control.group_state import READY, as_asyncio, failure_of
 from hybridflow.state.async_store import AsyncStore
 from hybridflow.state.codec import StateCodecError, encode_snapshot
 
 if TYPE_CHECKING:
-    from hybridflow.control.supervisor import GroupState
+    from hybridflow.control.events import EventBus
+    from hybridflow.control.group_state import GroupState
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +49,11 @@ class Snapshots:
         #: Why the latest try failed; None once one is stored.
         self.error: str | None = None
         self.failures = 0
+        #: Called once a snapshot is stored (the durability layer drops the state the
+        #: ranks came up with, which a restore in place no longer needs).
+        self.on_stored: Callable[[], None] | None = None
+        #: Where a failure is published (``snapshot_failed``), when set.
+        self.events: EventBus | None = None
         self._since = 0
         self._task: asyncio.Task | None = None
 
@@ -74,6 +81,8 @@ class Snapshots:
         self.error = f"the snapshot at call {seq} failed: {why}; retried after {self.every} more calls"
         logger.warning("%s: %s", self.scope, self.error)
         metrics.snapshot_failed(self.group)
+        if self.events is not None:
+            self.events.publish("snapshot_failed", self.group, reason=self.error)
 
     async def _take(self, member: GroupState) -> None:
         unit, group = member.unit, member.group
@@ -112,3 +121,5 @@ class Snapshots:
         self.seq, self.error = seq, None
         member.journal.truncate(seq)
         metrics.snapshot_taken(self.group)
+        if self.on_stored is not None:
+            self.on_stored()

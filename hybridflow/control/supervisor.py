@@ -1,21 +1,34 @@
 """Supervision of a controller's units: start them, tell a busy worker from a lost one,
-and rebuild a unit that lost a worker (or whose workers no longer match the journal).
-Both a start and a rebuild give the fresh workers the group's stored state (snapshot,
-then the journal after it: ``hybridflow.control.durability``), within the replay
-deadline.
+and bring a unit back under its group's ``supervision`` (``hybridflow.control.restarts``).
 
-A start or rebuild that fails is retried by the next health check, unless retrying
-cannot help: the stored state cannot be restored (a replayed call raised, the replay ran
-past its deadline, the stored bytes do not decode or name a method the group does not
-have) or an init call raised. Such a unit stays ``failed`` (halted), its workers shut
-down, with the reason in ``last_error``, until an operator resets a group of it
-(:meth:`Supervisor.reset`: its stored state is discarded and the unit rebuilt).
+What happens, by cause:
+
+- **A rank is lost** (Ray says its actor died, or it did not answer a ping while idle):
+  the group's ``on_rank_lost`` decides. ``rebuild_group``: the unit is rebuilt on fresh
+  workers and its stored state restored (snapshot, then the journal after it:
+  ``hybridflow.control.durability``). ``replace_rank``: a new worker for each lost rank,
+  in its bundle, brought to the others' state, which keep their processes (restored in
+  place if a mutating call may have changed them meanwhile). ``halt``: the unit is failed
+  with the rank, its node and the cause in ``last_error``, until an operator restarts or
+  resets it. A call that ran past its deadline rebuilds the unit (its workers are stuck).
+- **A client's mutating call left the ranks off the journal** (it raised on some or all
+  of them, the store did not take it, it reached some ranks only): the unit is restored
+  in place, on its own processes, when its workers have ``state_dict`` and
+  ``load_state_dict``; else rebuilt. This is no restart: the workers did nothing wrong.
+- **A start fails** (a rebuild's or replacement's too): tried again after the backoff,
+  unless retrying cannot help (a replayed or init call raised, the replay ran past its
+  deadline, the stored state cannot be applied): then the unit halts until an operator
+  resets it.
+
+Every rebuild or replacement after a lost rank, and every try after a failed start, is a
+restart: past ``max_restarts`` within ``restart_window_s`` the unit halts instead
+("restarted 5 times in 300 s"). Each change of status, lost rank, replacement, rebuild
+and halt is an event (``hybridflow.control.events``).
 
 Everything here runs on the controller replica's event loop; only a unit's ``start()``
-(which blocks while worker processes come up) runs in a thread. The health check never
-waits behind calls: a ping that a running call holds up is not a failure. A worker is
-lost when Ray says so (a call or ping to it fails with an actor error), or when it does
-not answer a ping while no call of ours is running on it (hung).
+(which blocks while worker processes come up) and rank replacements run in threads. The
+health check never waits behind calls: a ping that a running call holds up is not a
+failure.
 """
 
 from __future__ import annotations
@@ -25,135 +38,41 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
-from ray.exceptions import RayActorError, RayError, RayTaskError
+from ray.exceptions import RayActorError
 
-from hybridflow.config import GroupConfig, StateConfig
+from hybridflow.config import StateConfig
 from hybridflow.control import metrics
-from hybridflow.control.builder import Unit
-from hybridflow.control.catalogue import MethodInfo
 from hybridflow.control.contract import first_line
-from hybridflow.control.fence import Fence
-from hybridflow.control.submissions import Submissions
-from hybridflow.control.transport import COMPILED, TASKS
-from hybridflow.state.codec import StateCodecError
-from hybridflow.state.journal import Journal
-from hybridflow.state.store import StateMismatchError
+from hybridflow.control.events import EventBus
+from hybridflow.control.group_state import (
+    FAILED,
+    READY,
+    REBUILDING,
+    REPLACING,
+    RESTORING,
+    STARTING,
+    GroupState,
+    RestoreRefused,
+    UnitState,
+    as_asyncio,
+    failure_of,
+    hopeless,
+)
+from hybridflow.control.recovery import Recovery
+from hybridflow.control.restarts import Decision, may_restart, on_rank_lost
 from single_controller.weights.reasons import scrub
+
+__all__ = [
+    "FAILED", "READY", "REBUILDING", "REPLACING", "RESTORING", "STARTING", "GroupState", "RestoreRefused",
+    "Supervisor", "UnitState", "as_asyncio", "failure_of", "first_line", "hopeless",
+]
 
 logger = logging.getLogger(__name__)
 
-STARTING, READY, REBUILDING, FAILED = "starting", "ready", "rebuilding", "failed"
 
-
-class RestoreRefused(ValueError):
-    """Stored state that must not be applied (e.g. a journal entry naming a method that
-    is not in the group's catalogue)."""
-
-
-def hopeless(exc: BaseException) -> bool:
-    """Whether a start or restore that raised ``exc`` would fail the same way again: a
-    method raised (a replayed call, an init call), the replay deadline passed, or the
-    stored state cannot be applied. A lost worker, a store that cannot be reached or
-    resources not there yet may pass."""
-    if isinstance(exc, (TimeoutError, StateCodecError, StateMismatchError, RestoreRefused)):
-        return True
-    return isinstance(exc, RayTaskError) and not isinstance(exc, RayActorError)
-
-
-def as_asyncio(refs: list[Any]) -> list[asyncio.Future]:
-    """Ray futures as asyncio futures of the running loop (a compiled graph's channel
-    answers asyncio futures already)."""
-    return [ref if isinstance(ref, asyncio.Future) else asyncio.wrap_future(ref.future()) for ref in refs]
-
-
-def failure_of(exc: BaseException) -> tuple[bool, str]:
-    """``(worker_lost, message)`` for an exception a Ray future raised: a method that
-    raised is the caller's matter (its message's last line, never a traceback); any
-    other Ray error, also one a task reports as its cause (a compiled graph's rank whose
-    peer died, its channel closed), means a worker or its objects are gone."""
-    if isinstance(exc, RayTaskError) and not isinstance(exc, RayActorError):
-        cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-        if isinstance(cause, RayError) and cause is not exc:
-            return True, type(cause).__name__
-        return False, f"{type(cause).__name__}: {first_line(cause)}"
-    if isinstance(exc, RayError):
-        return True, type(exc).__name__
-    return False, f"{type(exc).__name__}: {first_line(exc)}"
-
-
-@dataclass
-class GroupState:
-    """One served group: its declaration, methods, journal and the running group."""
-
-    config: GroupConfig
-    methods: dict[str, MethodInfo]
-    worker_class: str
-    resource_pool: str
-    journal: Journal = field(default_factory=Journal)
-    #: The group's scope in the state store (hybridflow.control.durability.GroupDurability).
-    durability: Any = None
-    group: Any = None
-    unit: UnitState | None = None
-    #: Calls of ours running on the workers (read-only ones too): a busy group.
-    running: int = 0
-    #: Acknowledged mutating calls since start: what an io spec cache is keyed by.
-    state_version: int = 0
-    #: Holds new calls back while an operation must see none (a weight sync's commit).
-    fence: Fence = field(default_factory=Fence)
-    #: How calls reach the ranks (hybridflow.control.transport): tasks, or compiled.
-    transport: str = TASKS
-    #: The running group's compiled graph, for a compiled transport.
-    channel: Any = None
-    #: Hands the group's calls to its ranks in journal order (hybridflow.control.submissions).
-    submissions: Submissions = None  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        if self.submissions is None:
-            self.submissions = Submissions(self.config.name)
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
-    def caller(self) -> Any:
-        """What takes the running group's calls that read or change its ranks' state: its
-        compiled graph's channel, or the group itself (a Ray task per rank)."""
-        return self.channel if self.channel is not None else self.group
-
-    @property
-    def status(self) -> str:
-        return self.unit.status if self.unit else STARTING
-
-
-@dataclass
-class UnitState:
-    unit: Unit
-    members: list[GroupState]
-    status: str = STARTING
-    last_error: str | None = None
-    rebuilds: int = 0
-    replayed: int = 0
-    #: Failed so that retrying cannot help: health checks leave it until a reset.
-    halted: bool = False
-    #: Bumped on every (re)start: calls and caches of an older generation are stale.
-    generation: int = 0
-    pings: list[asyncio.Future] | None = None
-    task: asyncio.Task | None = None
-
-    @property
-    def busy(self) -> bool:
-        return any(member.running for member in self.members)
-
-    def workers(self) -> list[Any]:
-        group = self.members[0].group
-        return list(group.workers) if group is not None else []
-
-
-class Supervisor:
+class Supervisor(Recovery):
     def __init__(
         self,
         units: list[UnitState],
@@ -161,6 +80,7 @@ class Supervisor:
         health_timeout_s: float,
         on_rebuilt: Callable[[UnitState, int], None] | None = None,
         replay_timeout_s: float = StateConfig().replay_timeout_s,
+        events: EventBus | None = None,
     ) -> None:
         self.units = units
         # A thread per unit for its start: the loop's default executor has cpu_count + 4
@@ -171,16 +91,45 @@ class Supervisor:
         self.health_timeout_s = health_timeout_s
         self.on_rebuilt = on_rebuilt
         self.replay_timeout_s = replay_timeout_s
+        self.events = events if events is not None else EventBus()
+        self.closed = False
+
+    # -- status ---------------------------------------------------------------------------
+    def set_status(self, unit: UnitState, status: str) -> None:
+        """Change the unit's status: an event per member, and its not-ready time counted."""
+        previous, unit.status = unit.status, status
+        self.count_unready(unit)
+        if status == READY:
+            unit.unready_since, unit.came_up = None, True
+        elif unit.unready_since is None:
+            unit.unready_since = time.monotonic()
+        if previous != status:
+            for member in unit.members:
+                self.events.publish("group_status", member.name, status=status, previous=previous)
+
+    def count_unready(self, unit: UnitState) -> None:
+        """Add the unit's not-ready time up to now to its metric (status changes and
+        every health check call it)."""
+        if unit.unready_since is not None:
+            now = time.monotonic()
+            for member in unit.members:
+                metrics.group_unready(member.name, now - unit.unready_since)
+            unit.unready_since = now
 
     # -- start ------------------------------------------------------------------------
     def shutdown(self) -> None:
-        """End the start threads (a start still running finishes; none queued begins)."""
+        """End the start threads (a start still running finishes; none queued begins)
+        and the tries due after failed starts; nothing is started again from now on."""
+        self.closed = True
+        for unit in self.units:
+            if unit.retry is not None:
+                unit.retry.cancel()
         self._starts.shutdown(wait=False, cancel_futures=True)
 
     async def start_all(self) -> None:
         """Start every unit at once (each waits seconds for its processes) and restore
-        its stored state. A unit that fails is left FAILED (the health check retries it)
-        and the first failure is raised."""
+        its stored state. A unit that fails is left FAILED (tried again after its
+        backoff) and the first failure is raised."""
         loop = asyncio.get_running_loop()
         for unit in self.units:
             unit.task = loop.create_task(self._start(unit))
@@ -188,135 +137,223 @@ class Supervisor:
 
     async def _start(self, unit: UnitState) -> None:
         try:
-            unit.replayed += await self._bring_up(unit)
+            unit.replayed += sum((await self._bring_up(unit)).values())
         except Exception as exc:
-            self._failed(unit, "start", exc)
+            self.failed(unit, "start", exc)
             raise
-        unit.generation += 1
-        unit.status = READY
+        self._up(unit)
 
-    async def _bring_up(self, unit: UnitState) -> int:
-        """Start the unit's processes and restore every member's stored state; returns
-        the calls replayed. On a failure the new processes are shut down."""
-        loop = asyncio.get_running_loop()
-        groups = await loop.run_in_executor(self._starts, unit.unit.start)
-        for member in unit.members:
-            member.group = groups[member.name]
-        try:
-            replayed = 0
-            for member in unit.members:
-                replayed += await self.replay(member)
-            for member in unit.members:  # restored over tasks; served over the graph from now on
-                if member.transport == COMPILED:
-                    member.channel = await loop.run_in_executor(self._starts, member.group.graph_channel)
-            return replayed
-        except BaseException:
-            for member in unit.members:
-                member.group = member.channel = None
-            # colocated members share processes: one shutdown ends all (a replay may still run there)
-            await asyncio.shield(asyncio.to_thread(groups[unit.members[0].name].shutdown))
-            raise
-
-    def _failed(self, unit: UnitState, what: str, exc: BaseException) -> None:
+    def failed(self, unit: UnitState, what: str, exc: BaseException) -> None:
+        """A start, rebuild, restore or replacement raised ``exc``: halted when retrying
+        cannot help, else tried again after the unit's backoff."""
         reason = "ran past the replay deadline" if isinstance(exc, TimeoutError) else (
             f"{type(exc).__name__}: {scrub(first_line(exc))}")  # a status line: no paths or addresses
-        unit.status, unit.halted = FAILED, hopeless(exc)
-        unit.last_error = f"{what} failed: {reason}"
-        if unit.halted:
+        logger.error("%s of %s failed", what, unit.unit.name, exc_info=exc)
+        if hopeless(exc):
             names = [member.name for member in unit.members]
             route = " or ".join(f"POST /v1/admin/groups/{name}/reset" for name in names)
-            unit.last_error += f"; not retried: fix the cause, or discard the stored state with {route}"
-        logger.error("%s of %s failed%s", what, unit.unit.name, " (not retried)" if unit.halted else "",
-                     exc_info=exc)
+            self.halt(unit, f"{what} failed: {reason}; not retried: fix the cause, or discard the stored state "
+                            f"with {route}", hint=False)
+            return
+        if self.closed:
+            return
+        delay = unit.supervision.backoff.failed()
+        unit.last_failure = f"{what} failed: {reason}"
+        unit.last_error = f"{unit.last_failure}; tried again in {delay:g} s"
+        self.set_status(unit, FAILED)
+        unit.retry = asyncio.get_running_loop().call_later(delay, self._try_again, unit)
+
+    def _try_again(self, unit: UnitState) -> None:
+        unit.retry = None
+        if unit.status != FAILED or unit.halted or unit.recovering:
+            return
+        if not may_restart(unit.supervision.window, time.monotonic()):
+            self.halt(unit, f"{unit.supervision.window.reason(time.monotonic())}; the last try: {unit.last_failure}")
+            return
+        self._restarted(unit)
+        member = unit.members[0]
+        if unit.replacing and member.group is not None:
+            self._begin(unit, REPLACING, "trying the replacement again",
+                        self.replace_ranks(unit, list(unit.replacing)))
+        else:
+            self._begin(unit, REBUILDING, "trying again after a failed start", self.rebuild(unit))
+
+    def halt(self, unit: UnitState, reason: str, hint: bool = True) -> None:
+        """Stop the unit: ``failed`` until an operator restarts or resets it, calls 503
+        without Retry-After, its workers shut down. ``hint``: ``last_error`` names the
+        routes that bring it back."""
+        if unit.retry is not None:
+            unit.retry.cancel()
+            unit.retry = None
+        unit.halted, unit.last_error = True, reason
+        if hint:
+            routes = " or ".join(f"POST /v1/admin/groups/{m.name}/restart (/reset discards its state)"
+                                 for m in unit.members)
+            unit.last_error = f"{reason}; halted until {routes}"
+        if unit.members[0].group is not None:
+            old = unit.members[0].group
+            for member in unit.members:
+                member.group = member.channel = None
+            # colocated members share processes: one shutdown ends all
+            asyncio.get_running_loop().run_in_executor(self._starts, _shut_down, old)
+        self.set_status(unit, FAILED)
+        logger.error("%s halted: %s", unit.unit.name, reason)
+        for member in unit.members:
+            metrics.group_halted(member.name)
+            self.events.publish("group_halted", member.name, reason=reason)
 
     # -- health -----------------------------------------------------------------------
     async def check(self) -> dict[str, str]:
         """Serve's health check: look at every unit at once, never longer than the
-        health timeout; start rebuilding any unit that lost a worker."""
+        health timeout; act on any unit that lost a worker."""
         await asyncio.gather(*(self._check(unit) for unit in self.units))
+        for unit in self.units:
+            self.count_unready(unit)
         return {member.name: unit.status for unit in self.units for member in unit.members}
 
     async def _check(self, unit: UnitState) -> None:
-        if unit.status == FAILED:
-            if not unit.halted:
-                self.recover(unit, "retrying after a failed start or rebuild")
-            return
-        if unit.status != READY:
+        if unit.status != READY or unit.recovering:
             return
         if unit.pings is None:
             unit.pings = as_asyncio([worker.__ray_ready__.remote() for worker in unit.workers()])
-        generation = unit.generation
+        generation, pings = unit.generation, unit.pings
         busy_at_start = unit.busy
-        done, pending = await asyncio.wait(unit.pings, timeout=self.health_timeout_s)
-        if generation != unit.generation:
-            return  # rebuilt meanwhile: these pings were for the old workers
-        lost = [future for future in done if future.exception() is not None]
+        done, pending = await asyncio.wait(pings, timeout=self.health_timeout_s)
+        if generation != unit.generation or unit.status != READY or unit.recovering:
+            return  # something else acted meanwhile: these pings were for the old state
+        lost = {rank: failure_of(f.exception())[1] for rank, f in enumerate(pings) if f in done and f.exception()}
         if lost:
             unit.pings = None
-            self.recover(unit, f"a worker is lost ({failure_of(lost[0].exception())[1]})")
+            self.rank_lost(unit, lost)
         elif not pending:
             unit.pings = None
         elif not (busy_at_start or unit.busy):
             # idle the whole wait: a call that ended during it may still hold the pings
             unit.pings = None
-            self.recover(unit, f"a worker did not answer a ping within {self.health_timeout_s:g} s while idle")
+            why = f"did not answer a ping within {self.health_timeout_s:g} s while idle"
+            self.rank_lost(unit, {rank: why for rank, f in enumerate(pings) if f in pending})
         # else: the pings wait behind a running call; they are kept for the next check
 
-    # -- rebuild ------------------------------------------------------------------------
+    # -- what a failure leads to -----------------------------------------------------------
+    def worker_lost(self, unit: UnitState, cause: str) -> None:
+        """A call or snapshot found a worker gone: find which ranks are, then act on them
+        (calls are refused meanwhile)."""
+        if unit.status != READY or unit.recovering:
+            return
+        unit.examining = True
+        unit.task = asyncio.get_running_loop().create_task(self._examine(unit, cause))
+
+    async def _examine(self, unit: UnitState, cause: str) -> None:
+        try:
+            pings = as_asyncio([worker.__ray_ready__.remote() for worker in unit.workers()])
+            await asyncio.wait(pings, timeout=self.health_timeout_s)
+            lost = {rank: failure_of(f.exception())[1] for rank, f in enumerate(pings)
+                    if f.done() and isinstance(f.exception(), RayActorError)}
+        finally:
+            unit.examining = False
+        if unit.status != READY:
+            return  # an operator's reset or restart took over meanwhile
+        unit.pings, unit.task = None, None  # this task is done looking: what follows is another's
+        if lost:
+            self.rank_lost(unit, lost)
+        else:  # every worker answers: its objects were lost, or it died and came back
+            self.restart(unit, f"{cause}, but every worker answers")
+
+    def rank_lost(self, unit: UnitState, lost: dict[int, str]) -> None:
+        """``lost``: rank -> why. The unit's ``on_rank_lost`` decides (see the module
+        docstring); the restart window may halt it instead."""
+        ranks = sorted(lost)
+        for rank in ranks:
+            for member in unit.members:
+                self.events.publish("rank_lost", member.name, rank=rank, node=unit.node(rank), reason=lost[rank])
+        first = ranks[0]
+        what = f"rank {first} on node {unit.node(first)} was lost ({lost[first]})"
+        if len(ranks) > 1:
+            what += f", and ranks {', '.join(map(str, ranks[1:]))}"
+        decision = on_rank_lost(unit.supervision.config, unit.supervision.window, time.monotonic())
+        logger.warning("%s: %s: %s", unit.unit.name, what, decision.value)
+        if decision is Decision.HALT:
+            self.halt(unit, what)
+        elif decision is Decision.HALT_INTENSITY:
+            self.halt(unit, f"{unit.supervision.window.reason(time.monotonic())} ({what})")
+        elif decision is Decision.REPLACE:
+            self._restarted(unit)
+            self._begin(unit, REPLACING, f"replacing: {what}", self.replace_ranks(unit, ranks))
+        else:
+            self._restarted(unit)
+            self._begin(unit, REBUILDING, f"rebuilding: {what}", self.rebuild(unit))
+
+    def restart(self, unit: UnitState, reason: str) -> None:
+        """Rebuild the unit on fresh workers as a restart (its workers are stuck or lost
+        in a way no rank shows), unless the restart window is spent."""
+        if unit.recovering:
+            return
+        if not may_restart(unit.supervision.window, time.monotonic()):
+            self.halt(unit, f"{unit.supervision.window.reason(time.monotonic())} ({reason})")
+            return
+        self._restarted(unit)
+        logger.warning("rebuilding %s: %s", unit.unit.name, reason)
+        self._begin(unit, REBUILDING, reason, self.rebuild(unit))
+
     def recover(self, unit: UnitState, reason: str) -> None:
-        """Rebuild the unit in the background, once at a time."""
-        if unit.status in (REBUILDING, STARTING) and unit.task is not None and not unit.task.done():
+        """Rebuild the unit on fresh workers with its stored state, in the background,
+        once at a time (no restart: whoever asks knows why)."""
+        if unit.recovering:
             return
         logger.warning("rebuilding %s: %s", unit.unit.name, reason)
-        self._begin(unit, reason, self._rebuild(unit))
+        self._begin(unit, REBUILDING, reason, self.rebuild(unit))
+
+    def restore(self, unit: UnitState, reason: str) -> None:
+        """A client's call left the ranks off the journal: restore them (in place where
+        the workers can be), in the background, once at a time. Not a restart."""
+        if unit.recovering or unit.status == FAILED:
+            return
+        logger.warning("restoring %s: %s", unit.unit.name, reason)
+        if all(member.durability.in_place for member in unit.members):
+            self._begin(unit, RESTORING, reason, self.restore_in_place(unit))
+        else:
+            self._begin(unit, REBUILDING, reason, self.rebuild(unit))
 
     def reset(self, unit: UnitState, discard: Callable[[], Awaitable[None]], reason: str) -> None:
         """Rebuild the unit, calling ``discard`` (which drops stored state) once its old
         workers are gone and the calls on them settled; after a start or rebuild that is
-        running now, halted or not."""
+        running now, halted or not. An operator's act: its restart count starts again."""
         logger.warning("resetting %s: %s", unit.unit.name, reason)
-        self._begin(unit, reason, self._rebuild(unit, discard, after=unit.task))
+        self._operator(unit)
+        self._begin(unit, REBUILDING, reason, self.rebuild(unit, discard, after=unit.task))
 
-    def _begin(self, unit: UnitState, reason: str, rebuild: Coroutine[Any, Any, None]) -> None:
-        unit.status, unit.halted = REBUILDING, False
+    def restart_by_operator(self, unit: UnitState, reason: str) -> None:
+        """Rebuild the unit with its stored state (``POST /v1/admin/groups/{group}/restart``):
+        the way back for a halted group; its restart count starts again."""
+        logger.warning("restarting %s: %s", unit.unit.name, reason)
+        self._operator(unit)
+        self._begin(unit, REBUILDING, reason, self.rebuild(unit, after=unit.task))
+
+    def _operator(self, unit: UnitState) -> None:
+        if unit.retry is not None:
+            unit.retry.cancel()
+            unit.retry = None
+        unit.supervision.reset()
+        unit.replacing = []
+
+    def _restarted(self, unit: UnitState) -> None:
+        unit.restarts += 1
+        for member in unit.members:
+            metrics.group_restarted(member.name)
+
+    def _begin(self, unit: UnitState, status: str, reason: str, work: Coroutine[Any, Any, None]) -> None:
+        if self.closed:
+            work.close()
+            return
+        unit.halted = False
         unit.last_error = reason
         unit.pings = None
-        unit.task = asyncio.get_running_loop().create_task(rebuild)
+        self.set_status(unit, status)
+        unit.task = asyncio.get_running_loop().create_task(work)
 
-    async def _rebuild(
-        self,
-        unit: UnitState,
-        discard: Callable[[], Awaitable[None]] | None = None,
-        after: asyncio.Task | None = None,
-    ) -> None:
-        if after is not None and not after.done():
-            await asyncio.wait([after])  # its outcome is the unit's state, read below
-            unit.status = REBUILDING
-        started = time.monotonic()
-        try:
-            old = [member.group for member in unit.members if member.group is not None]
-            for member in unit.members:
-                member.group = member.channel = None
-            for group in old[:1]:  # colocated members share processes: one shutdown ends all
-                await asyncio.to_thread(group.shutdown)
-            for member in unit.members:  # calls in flight on the old workers fail and settle first
-                await member.journal.settled(self.request_timeout_s + 10)
-            if discard is not None:
-                await discard()
-            replayed = await self._bring_up(unit)
-            unit.generation += 1
-            unit.rebuilds += 1
-            unit.replayed += replayed
-            unit.status, unit.last_error = READY, None
-            logger.warning("%s rebuilt in %.1f s, %d calls replayed", unit.unit.name, time.monotonic() - started, replayed)
-            if self.on_rebuilt is not None:
-                self.on_rebuilt(unit, replayed)
-        except Exception as exc:  # keep the controller up; the next health check retries unless halted
-            self._failed(unit, "rebuild", exc)
 
-    async def replay(self, member: GroupState) -> int:
-        """Give the member's fresh workers its stored state: the snapshot, then every
-        acknowledged call after it in order, within the replay deadline (TimeoutError
-        past it); returns how many calls were replayed."""
-        restored = await asyncio.wait_for(member.durability.restore(member), self.replay_timeout_s)
-        return metrics.calls_replayed(member.name, restored)
+def _shut_down(group: Any) -> None:
+    try:
+        group.shutdown()
+    except Exception:  # gone with its node already
+        pass

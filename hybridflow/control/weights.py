@@ -55,8 +55,8 @@ from hybridflow.control.contract import (
     ErrorKind,
 )
 from hybridflow.control.durability import PendingRecord
+from hybridflow.control.group_state import READY, GroupState, as_asyncio
 from hybridflow.control.kept_weights import GroupSyncs, KeptWeights, directory_of
-from hybridflow.control.supervisor import READY, GroupState, as_asyncio
 from hybridflow.control.sync_queue import SyncQueue
 from hybridflow.control.weights_version import VersionRef, WeightsVersion
 from hybridflow.state.codec import encode_call
@@ -322,7 +322,8 @@ class WeightSyncs:
             dst.journal.abort(entry)
             logger.warning("%s: the commit of sync %s failed", dst.name, staged.version, exc_info=exc)
             if exc.mixed:
-                self.controller.supervisor.recover(unit, f"{dst.name}: a weight sync's commit reached some ranks only")
+                dst.diverged = True
+                self.controller.supervisor.restore(unit, f"{dst.name}: a weight sync's commit reached some ranks only")
                 return CallResult(error=self.unavailable(
                     dst, f"the commit reached some ranks of {dst.name} only ({scrub(str(exc))}); it is restored to its previous "
                     f"weights, version {current}"))
@@ -344,7 +345,8 @@ class WeightSyncs:
             if sync_dir is not None:
                 await asyncio.to_thread(kept.files.remove, sync_dir)
             why = reason_of(exc)
-            self.controller.supervisor.recover(unit, f"{dst.name}: the weights of sync {staged.version} were not kept")
+            dst.diverged = True
+            self.controller.supervisor.restore(unit, f"{dst.name}: the weights of sync {staged.version} were not kept")
             return CallResult(error=self.unavailable(
                 dst, f"the synced weights could not be kept ({why}); {dst.name} is restored to its previous weights, "
                 f"version {current}"))
@@ -355,6 +357,7 @@ class WeightSyncs:
         kept.syncs[entry.seq] = sync_dir
         kept.latest = (entry.seq, call)
         kept.issued = max(kept.issued, staged.version)
+        self.controller.events.publish("weights_synced", dst.name, source=src.name, version=staged.version)
         return result
 
     # -- restore -------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hybridflow.control.supervisor import GroupState, as_asyncio
+from hybridflow.control.group_state import GroupState, as_asyncio
 
 #: A call's version: known at submission, or the answer of a question asked before it.
 VersionRef = int | asyncio.Future

@@ -15,6 +15,7 @@ from hybridflow.http.login_limit import LoginLimiter
 from hybridflow.http.routes import (
     admin,
     docs,
+    events,
     groups,
     health,
     login,
@@ -29,7 +30,7 @@ from hybridflow.http.settings import IngressSettings
 
 def create_app(backend: Backend, settings: IngressSettings | dict[str, Any], jobs: Jobs | None = None) -> FastAPI:
     """The HTTP API over ``backend``: health probes, groups and calls, jobs (over ``jobs``;
-    404 without it), weight syncs, OIP v2 with its statistics and repository extensions,
+    404 without it), an operator's reset and restart, the event stream, weight syncs, OIP v2 with its statistics and repository extensions,
     the status page, login and docs."""
     app = FastAPI(
         title="HybridFlow single controller",
@@ -47,7 +48,7 @@ def create_app(backend: Backend, settings: IngressSettings | dict[str, Any], job
     )
     install_error_handlers(app)
     routers = (
-        health.router, oip_routes.probes, groups.router, job_routes.router, admin.router, weights.router,
+        health.router, oip_routes.probes, groups.router, job_routes.router, admin.router, weights.router, events.router,
         oip_extensions.router,  # before the core OIP routes: /v2/models/stats is not a model
         oip_routes.router, status_page.router, login.router, docs.router,
     )

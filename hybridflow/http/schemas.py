@@ -49,7 +49,8 @@ class GroupBody(BaseModel):
     world_size: int | None
     resource_pool: str
     worker_class: str
-    status: str = Field(..., description="starting, ready, rebuilding or failed")
+    status: str = Field(..., description="starting, ready, rebuilding, restoring (in place), replacing (ranks) "
+                                         "or failed")
     last_error: str | None = Field(None, description="why the group last rebuilt or failed")
     rebuilds: int = 0
     replayed_calls: int = Field(0, description="journaled calls replayed by rebuilds so far")
@@ -65,6 +66,9 @@ class GroupBody(BaseModel):
     )
     weights_error: str | None = Field(None, description="why the latest weight sync into the group failed")
     methods: list[MethodDescription]
+    restarts: int = Field(0, description="restarts after a lost rank or a failed start (supervision)")
+    replaced_ranks: int = Field(0, description="ranks replaced alone (on_rank_lost: replace_rank)")
+    on_rank_lost: str = Field("rebuild_group", description="what a lost rank does: rebuild_group, replace_rank or halt")
 
 
 class RankDetail(BaseModel):

@@ -136,7 +136,7 @@ class OipGrpcService:
         return pb.ServerLiveResponse(live=True)
 
     async def server_ready(self, request: Incoming, context: CallContext) -> pb.ServerReadyResponse:
-        """Open, like ``GET /v2/health/ready``: whether every group is ready."""
+        """Open, like ``GET /v2/health/ready``: whether every group came up (readiness)."""
 
         async def work() -> pb.ServerReadyResponse:
             groups = await self.backend.ready()

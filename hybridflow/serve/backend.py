@@ -9,7 +9,9 @@ answers (``hybridflow.control.backend``)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 from ray.exceptions import RayActorError
@@ -23,6 +25,7 @@ from hybridflow.control.contract import (
     GroupSummary,
     InferResult,
 )
+from hybridflow.control.events import EVENTS_LOST, SUBSCRIBER_QUEUE, Event, EventStream
 from hybridflow.http.settings import IngressSettings
 
 T = TypeVar("T")
@@ -49,6 +52,27 @@ async def within_deadline(answer: Awaitable[T], what: str, timeout_s: float) -> 
             ErrorKind.UNAVAILABLE, f"the replica of {what} {state} ({type(exc).__name__}); retry shortly",
             RESTART_RETRY_AFTER_S,
         )
+
+
+def event_cursor(text: str | None, controllers: int) -> list[int] | None:
+    """A ``Last-Event-ID`` where controllers run in replicas of their own: for each
+    controller, in the config's order, the id of its latest event the client got,
+    joined by dots (a plain number with one controller); ``0`` alone is every event kept.
+    None for none given."""
+    if text is None or not text.strip():
+        return None
+    if text.strip() == "0":
+        return [0] * controllers
+    parts = text.strip().split(".")
+    if len(parts) != controllers or not all(p.isdigit() and len(p) <= 18 for p in parts):
+        raise ValueError(f"Last-Event-ID {text[:60]!r} is not an event id of this service ({controllers} numbers "
+                         "joined by dots, one per controller)")
+    return [int(p) for p in parts]
+
+
+def cursor_id(position: dict[str, int]) -> str | int:
+    values = list(position.values())
+    return values[0] if len(values) == 1 else ".".join(map(str, values))
 
 
 class ServeBackend:
@@ -108,6 +132,76 @@ class ServeBackend:
         if owner is None:
             return self._unknown(ErrorKind.UNKNOWN_GROUP, group)
         return await self._on(owner, "reset_group", group, group)
+
+    async def restart_group(self, group: str) -> GroupSummary | ControllerError:
+        owner = self._group_owner(group)
+        if owner is None:
+            return self._unknown(ErrorKind.UNKNOWN_GROUP, group)
+        return await self._on(owner, "restart_group", group, group)
+
+    async def events(self, since: str | None, group: str | None) -> EventStream | ControllerError:
+        """Every controller's events merged, each with the id ``n1.n2...`` (see
+        :func:`event_cursor`): any ingress replica resumes a stream from it."""
+        names = list(self.controllers)
+        try:
+            cursor = event_cursor(since, len(names))
+        except ValueError as exc:
+            return ControllerError(ErrorKind.BAD_ARGUMENTS, str(exc))
+        followed = names
+        if group is not None:
+            owner = self.settings.deployment_of(group)
+            if owner not in self.controllers:
+                return self._unknown(ErrorKind.UNKNOWN_GROUP, group)
+            followed = [owner]
+        if cursor is None:  # from now on: after each controller's latest event
+            answers = [await self._on(self.controllers[name], "last_event_id", name) for name in names]
+            failed = next((a for a in answers if isinstance(a, ControllerError)), None)
+            if failed is not None:
+                return failed
+            cursor = [int(a) for a in answers]
+        position = dict(zip(names, cursor, strict=True))
+        return EventStream(cursor_id(position), self._merged(position, followed, group))
+
+    async def _merged(self, position: dict[str, int], followed: list[str], group: str | None) -> AsyncIterator[Event]:
+        """The events of the ``followed`` controllers as they come, ids made from
+        ``position`` (each controller's latest id given). A controller whose stream ends
+        (its replica restarted, or it dropped this reader) ends the merged stream: the
+        client resumes from the last id it got. Bounded like a controller's own readers."""
+        queue: asyncio.Queue[tuple[str, Event | None]] = asyncio.Queue()
+        behind = False
+
+        async def follow(name: str) -> None:
+            nonlocal behind
+            try:
+                stream = self.controllers[name].options(stream=True).stream_events.remote(position[name], group)
+                async for event in stream:
+                    if queue.qsize() >= SUBSCRIBER_QUEUE:  # the client reads too slowly: never waited for
+                        behind = True
+                        break
+                    queue.put_nowait((name, event))
+            except Exception:  # the replica went away: the client resumes
+                pass
+            finally:
+                queue.put_nowait((name, None))
+
+        followers = [asyncio.create_task(follow(name)) for name in followed]
+        try:
+            while True:
+                name, event = await queue.get()
+                if event is None:
+                    if behind:
+                        yield Event(None, EVENTS_LOST, None, round(time.time(), 3),
+                                    {"dropped": None, "reason": "the reader fell behind; resume with Last-Event-ID"})
+                    return
+                given = isinstance(event.id, int)
+                if given:
+                    position[name] = event.id
+                yield dataclasses.replace(event, id=cursor_id(position) if given else None)
+                if event.kind == EVENTS_LOST and not given:
+                    return  # its controller dropped this reader
+        finally:
+            for follower in followers:
+                follower.cancel()
 
     async def ready(self) -> dict[str, bool]:
         status = {group: False for group in self.settings.groups}

@@ -31,7 +31,8 @@ from hybridflow.serve.grpc_ingress import GrpcIngress
 @serve.ingress()
 class ControllingIngress(GrpcIngress):
     """The ingress (HTTP, and OIP over gRPC) with every declared deployment's controller
-    inside it. ``call`` serves the jobs deployment, whose pieces run here."""
+    inside it. ``call`` serves the jobs deployment, whose pieces run here, and
+    ``publish_event`` takes its job events."""
 
     async def __init__(
         self,
@@ -55,6 +56,10 @@ class ControllingIngress(GrpcIngress):
 
     async def call(self, request: CallRequest) -> CallResult:
         return await self.controllers.call(request)
+
+    def publish_event(self, kind: str, group: str | None, fields: dict[str, Any]) -> None:
+        """The jobs deployment's ``job`` events, numbered among the groups' events."""
+        self.controllers.publish_event(kind, group, fields)
 
     async def check_health(self) -> None:
         await self.controllers.check_health()

@@ -20,6 +20,10 @@ the job was forgotten) is not applied twice: it gets the first call's answer.
 Bounded: ``jobs_running`` at once, ``jobs_queued`` waiting (more are refused), and the
 finished ones (cancelled ones too) kept by count and by their results' bytes, oldest
 dropped first; the jobs listed are never more than those three bounds together.
+
+Each change of a job's status is a ``job`` event (``GET /v1/events``), sent in order to the
+controller that owns its group, which numbers it among its groups' events; at most
+:data:`EVENTS_WAITING` wait to be sent (more are dropped: the jobs never wait for events).
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ from hybridflow_client.wire.errors import WireError
 
 if TYPE_CHECKING:
     from hybridflow.wire.split import SplitCall
+
+#: Job events waiting to be sent to their controllers.
+EVENTS_WAITING = 1000
 
 
 @dataclass
@@ -60,6 +67,8 @@ class Job:
     task: asyncio.Task | None = None
     #: (group, method, Idempotency-Key) when the job was submitted with one.
     key: tuple[str, str, str] | None = None
+    #: The status its latest event told.
+    told: str | None = None
 
     def describe(self) -> dict[str, Any]:
         now = time.time()
@@ -99,6 +108,9 @@ class JobsDeployment:
         #: Idempotency-Key -> (body fingerprint and split, job id), for the jobs kept.
         self._keys: dict[tuple[str, str, str], tuple[str | None, str]] = {}
         self._slots = asyncio.Semaphore(self.limits.jobs_running)
+        #: (controller, group, fields) of the job events not sent yet, and their sender.
+        self._events: asyncio.Queue[tuple[str, str, dict[str, Any]]] | None = None
+        self._sender: asyncio.Task | None = None
 
     async def submit(self, controller: str, request: CallRequest, split: int = 1) -> dict[str, Any] | ControllerError:
         key = fingerprint = None
@@ -130,6 +142,7 @@ class JobsDeployment:
         if key is not None:
             self._keys[key] = (fingerprint, job.id)
         job.task = asyncio.get_running_loop().create_task(self._run(job, pieces))
+        self._tell(job)
         return job.describe()
 
     def _repeat(self, key: tuple[str, str, str], fingerprint: str | None) -> dict[str, Any] | ControllerError | None:
@@ -151,6 +164,7 @@ class JobsDeployment:
                 if job.cancel_requested:
                     return
                 job.status, job.started_at = "running", time.time()
+                self._tell(job)
                 await self._run_pieces(job, pieces)
         except asyncio.CancelledError:
             job.status = "cancelled"
@@ -184,9 +198,31 @@ class JobsDeployment:
         arguments and task, and the oldest finished jobs past the bounds go."""
         if job.finished_at is None:
             job.finished_at = time.time()
+        self._tell(job)
         job.task = None
         job.request = CallRequest(job.request.group, job.request.method)  # its tensors are no longer needed
         self._forget_old()
+
+    def _tell(self, job: Job) -> None:
+        """A ``job`` event for the job's status, unless its latest already told it."""
+        if job.told == job.status:
+            return
+        job.told = job.status
+        if self._events is None:
+            self._events = asyncio.Queue(EVENTS_WAITING)
+        if not self._events.full():
+            self._events.put_nowait((job.controller, job.request.group, {"job_id": job.id, "status": job.status}))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.get_running_loop().create_task(self._send_events())
+
+    async def _send_events(self) -> None:
+        """Send the waiting job events one at a time, so each controller gets them in order."""
+        while self._events is not None and not self._events.empty():
+            controller, group, fields = self._events.get_nowait()
+            try:
+                await self._controller(controller).publish_event.remote("job", group, fields)
+            except Exception:  # the controller is restarting: events are not worth a job's wait
+                pass
 
     def _controller(self, name: str) -> Any:
         """The handle that runs ``name``'s calls: its controller replica's, or, where the

@@ -323,6 +323,29 @@ class WorkerGroup:
         futures = channel.execute_all_async(method_name, *d_args, **d_kwargs)
         return PendingCall(futures, Collector(collect_fn, self, padding))
 
+    def submit_rank(
+        self, rank: int, method_name: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any | None:
+        """Rank ``rank``'s share of the call :meth:`submit` makes: the method's registered
+        dispatch (or execute_all's split) over the whole group, then only that rank's
+        arguments submitted, on the group's own transport; its future, or None where the
+        call does not run on that rank (a RANK_ZERO method, on a rank but 0). What brings
+        one rank to where the others are (a replaced rank replays the calls they ran)."""
+        args, kwargs = tuple(args), dict(kwargs or {})
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is not in this group of {self.world_size} ranks")
+        spec = self._method_specs.get(method_name)
+        if spec is not None:
+            args, kwargs, _ = dispatch_arguments(self, method_name, spec, args, kwargs)
+            if spec.execute_mode == Execute.RANK_ZERO:
+                if rank != 0:
+                    return None
+                with self._submit_lock:
+                    return self._submit(0, method_name, args, kwargs)
+        rank_args, rank_kwargs = split_per_rank(method_name, self.world_size, args, kwargs)[rank]
+        with self._submit_lock:
+            return self._submit(rank, method_name, rank_args, rank_kwargs)
+
     def call_method(self, method_name: str, *args: Any, blocking: bool | None = None, **kwargs: Any) -> Any:
         """Call a worker method by name: with its registered modes when it has them,
         else like :meth:`execute_all_sync`."""

@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
+from ray.experimental.channel.common import CompiledDAGArgs
 
 from single_controller.base.worker_group import PendingCall, split_per_rank
 
@@ -117,24 +118,23 @@ class GraphChannel:
         try:
             if not self.compiled:
                 raise self._closed_error()
-            refs = self._graph.execute(*steps)
+            _write_step(self._graph, steps)
         except BaseException as exc:
             self._slots.release()
             self._close(exc)
             loop.call_soon_threadsafe(_settle, futures, [(False, exc)] * len(steps))
             return
-        self._reader.submit(self._read, loop, refs, futures)
+        self._reader.submit(self._read, loop, futures)
 
-    def _read(self, loop: asyncio.AbstractEventLoop, refs: list[Any], futures: list[asyncio.Future]) -> None:
-        outcomes: list[tuple[bool, Any]] = []
+    def _read(self, loop: asyncio.AbstractEventLoop, futures: list[asyncio.Future]) -> None:
         try:
-            for ref in refs:  # every rank's answer is read, so the graph stays in step
-                try:
-                    outcomes.append((True, ray.get(ref, timeout=-1 if self.read_timeout_s is None else self.read_timeout_s)))
-                except BaseException as exc:
-                    if not _method_raised(exc):  # a lost rank, a closed channel, a timeout: out of step
-                        self._close(exc)
-                    outcomes.append((False, exc))
+            values = _read_step(self._graph, -1 if self.read_timeout_s is None else self.read_timeout_s)
+            outcomes = [(not isinstance(v, ray.exceptions.RayTaskError), v) for v in values]
+            if any(not ok and not _method_raised(v) for ok, v in outcomes):
+                self._close(next(v for ok, v in outcomes if not ok))  # a lost peer: out of step
+        except BaseException as exc:  # a lost rank, a closed channel, a timeout: out of step
+            self._close(exc)
+            outcomes = [(False, exc)] * len(futures)
         finally:
             self._slots.release()
         loop.call_soon_threadsafe(_settle, futures, outcomes)
@@ -164,6 +164,19 @@ class GraphChannel:
         # reads end with the graph's channels.
         self._writer.shutdown(wait=False)
         self._reader.shutdown(wait=False)
+
+
+# The graph's input writer and output reader, each used from one thread of its own: the
+# graph's execute() and a result's get() each touch both sides and are not thread-safe
+# against each other, while its writer and reader are (Ray's asyncio mode runs them in
+# two threads the same way). Ray is pinned, so these attributes are known.
+def _write_step(graph: Any, steps: list[Step]) -> None:
+    graph._dag_submitter.write(CompiledDAGArgs(args=tuple(steps), kwargs={}), graph._submit_timeout)
+
+
+def _read_step(graph: Any, timeout_s: float) -> list[Any]:
+    """Every rank's answer to the oldest step not read yet (a rank's exception as a value)."""
+    return graph._dag_output_fetcher.read(timeout_s)
 
 
 def _method_raised(exc: BaseException) -> bool:

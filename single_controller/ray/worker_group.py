@@ -32,6 +32,7 @@ from single_controller.batch import is_batch
 from single_controller.protocol_future import DataProtoFuture
 from single_controller.ray.class_with_init import RayClassWithInitArgs
 from single_controller.ray.rank_env import check_worker_env
+from single_controller.ray.rank_replacement import RankPlace
 from single_controller.ray.resource_pool import RayResourcePool
 from single_controller.rendezvous import pick_rendezvous
 
@@ -163,6 +164,8 @@ class RayWorkerGroup(WorkerGroup):
         #: Objects put in the object store once to be shared by several ranks.
         self.object_store_puts = 0
         self._rank_info_cache: list[dict[str, Any]] | None = None
+        #: Where each rank's actor was started, to start it again (rank_replacement).
+        self._places: list[RankPlace] = []
         #: Set on a role's group spawned from colocated or fused workers: its methods' prefix.
         self._method_prefix = ""
         #: What every role's group on these processes shares: the compiled graph, each
@@ -239,16 +242,10 @@ class RayWorkerGroup(WorkerGroup):
                     **self.worker_env,
                 }
                 name = f"{self.name_prefix}{cls_name}_{pg_index}:{local_rank}"
-                actor = cls_with_init(
-                    placement_group=pg,
-                    placement_group_bundle_idx=offsets[pg_index] + local_rank,
-                    use_gpu=pool.use_gpu,
-                    num_gpus=pool.actor_num_gpus(),
-                    num_cpus=pool.actor_num_cpus(),
-                    env_vars=env,
-                    name=name,
-                    detached=detached,
-                )
+                place = RankPlace(pg, offsets[pg_index] + local_rank, env, name, pool.use_gpu,
+                                  pool.actor_num_gpus(), pool.actor_num_cpus(), detached)
+                self._places.append(place)
+                actor = place.start(cls_with_init)
                 self._workers.append(actor)
                 self._worker_names.append(name)
                 rank += 1
@@ -313,6 +310,14 @@ class RayWorkerGroup(WorkerGroup):
         view.object_store_puts = 0
         view._bind_worker_method(cls_with_init.cls)
         return view
+
+    def replace_worker(self, rank: int, timeout_s: float | None = None) -> Any:
+        """Start ``rank``'s actor again, alone, in its bundle and with its environment
+        (killing the old one if it runs): see :mod:`single_controller.ray.rank_replacement`.
+        Returns the new actor once it is up; its state is what its constructor makes."""
+        from single_controller.ray.rank_replacement import replace_worker
+
+        return replace_worker(self, rank, self.startup_timeout_s if timeout_s is None else timeout_s)
 
     # -- aliveness --------------------------------------------------------------------
     def start_worker_aliveness_check(self, every_n_seconds: float = 1) -> None:

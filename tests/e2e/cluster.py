@@ -113,11 +113,13 @@ class Samples:
         return sum(v for _, v in self.matching(name, **labels))
 
 
-def scrape_until(endpoints: list[str], done: Callable[[Samples], bool], timeout_s: float = 60.0) -> Samples:
-    """Scrape until ``done`` holds: Ray exports what a process recorded every few seconds."""
+def scrape_until(endpoints: list[str], done: Callable[[Samples], bool], timeout_s: float = 60.0,
+                 application: str = SHIPPED_APPLICATION) -> Samples:
+    """Scrape ``application``'s metrics until ``done`` holds: Ray exports what a process
+    recorded every few seconds."""
     deadline = time.monotonic() + timeout_s
     while True:
-        samples = Samples(endpoints)
+        samples = Samples(endpoints, application)
         if done(samples):
             return samples
         if time.monotonic() > deadline:

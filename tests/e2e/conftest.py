@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.e2e.cluster import wait_until_ready
 from tests.serve_app import ServeApp, shipped_args
 from tests.serve_process import ServeProcess
 
@@ -200,6 +201,8 @@ def http(service):
     # every module starts on a service whose groups all serve.
     service.wait_ready(timeout_s=300)
     with httpx.Client(base_url=service.url, timeout=300) as client:
+        # /readyz says every group came up once: wait until none is rebuilding now
+        wait_until_ready(client, [g["name"] for g in client.get("/v1/groups").json()["groups"]], timeout_s=300)
         yield client
 
 

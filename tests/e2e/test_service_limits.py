@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import httpx
 
+from tests.e2e.jobs import wait_for_job
+
 
 def test_token_required_everywhere_but_health(limited, client):
     with httpx.Client(base_url=limited.url, timeout=60) as anonymous:
@@ -32,6 +34,16 @@ def test_call_past_the_timeout_is_504(client):
     response = client.post("/v1/groups/test_actor/sleep", json={"kwargs": {"seconds": 10}})
     assert response.status_code == 504, response.text
     assert response.json()["error"]
+
+
+def test_a_job_whose_call_passes_the_deadline_fails_as_a_timeout(client):
+    """With the controllers in replicas of their own: the job's call comes back from its
+    controller as a timeout, and the job says so (not an unknown group)."""
+    job = client.post("/v1/jobs/test_actor/sleep", json={"kwargs": {"seconds": 6}})
+    assert job.status_code == 202, job.text
+    final, _ = wait_for_job(client, job.json()["id"], timeout=60)
+    assert (final["status"], final["status_code"], final["error_kind"]) == ("failed", 504, "timeout"), final
+    assert "did not finish within 3 s" in final["error"]
 
 
 def test_groups_of_other_deployments_are_absent(client):

@@ -86,6 +86,11 @@ def test_status_page_shows_groups_a_job_and_a_rebuild(service, http, browser, tm
     new_pids = pids_shown(page, VICTIM, 4)
     assert new_pids == [r["pid"] for r in rebuilt["ranks"]] and set(new_pids).isdisjoint(r["pid"] for r in detail["ranks"])
     assert Path(tmp_path / "status-page.png").stat().st_size > 10_000
+    # the last events, as they came: the lost rank and the rebuild, with their group
+    for kind in ("rank_lost", "group_rebuilt"):
+        event = page.locator(f'#events tr[data-event="{kind}"]').first
+        event.wait_for(timeout=30_000)
+        assert VICTIM in event.inner_text()
     assert outside == []
 
     # the metrics count the same rebuilds and replayed calls as the group reports

@@ -92,14 +92,18 @@ def kill_a_worker(controller, group_name: str) -> None:
         time.sleep(0.2)
 
 
-def test_a_mutating_call_that_changed_every_rank_and_raised_is_undone(loop, controller):
+def test_a_mutating_call_that_changed_every_rank_and_raised_is_undone_in_place(loop, controller):
     assert call(loop, controller, "counter", "add", 5).ok
     before, rebuilds = value(loop, controller), controller.groups["counter"].unit.rebuilds
+    workers = list(controller.groups["counter"].group.workers)
     result = call(loop, controller, "counter", "add_then_raise", 3)
     assert result.error.kind is ErrorKind.METHOD_RAISED
     wait_status(controller, "counter", "ready")
     assert value(loop, controller) == before  # the +3 that no one acknowledged is gone
-    assert controller.groups["counter"].unit.rebuilds == rebuilds + 1
+    # on the same processes (Counter has state_dict and load_state_dict): no rebuild, no restart
+    assert controller.groups["counter"].group.workers == workers
+    assert controller.groups["counter"].unit.rebuilds == rebuilds
+    assert controller.groups["counter"].unit.restarts == 0
     assert "added 3, then failed" in result.error.message and "restored" in result.error.message
 
 
@@ -145,6 +149,8 @@ def test_a_failing_snapshot_is_reported_and_retried(loop, controller):
         run(loop, state.durability.snapshots.settled())
     assert snapshots.failures >= failures + 1
     assert "state_dict raised RuntimeError: state_dict refuses for now" in snapshots.error
+    reported = [e for e in controller.events._ring if e.kind == "snapshot_failed" and e.group == "counter"]
+    assert reported and reported[-1].fields == {"reason": snapshots.error}  # an event of its own too
     assert controller._summary(state).snapshot_error == snapshots.error
     assert len(state.journal) > EVERY  # the journal keeps every call meanwhile
     assert call(loop, controller, "counter", "fail_snapshots", False).ok

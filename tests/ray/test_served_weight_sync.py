@@ -190,6 +190,7 @@ def test_the_rollout_takes_the_trainers_weights_at_start(loop, served, state_dir
 
 def test_a_sync_after_a_train_step_and_calls_racing_it(loop, served):
     controller, models = served
+    since = controller.events.last_id
     train(loop, controller, seed=5)
     old_rollout, old_version = infer(loop, models, "rollout", X1)
     trained, _ = infer(loop, models, "trainer", X1)
@@ -230,6 +231,8 @@ def test_a_sync_after_a_train_step_and_calls_racing_it(loop, served):
     rollout, rollout_version = infer(loop, models, "rollout", X1)
     assert_same_layer(rollout, trained)
     assert rollout_version == old_version + 1 == version(loop, controller)
+    synced = [e for e in controller.events._ring if e.id > since and e.kind == "weights_synced"]
+    assert [(e.group, e.fields) for e in synced] == [("rollout", {"source": "trainer", "version": rollout_version})]
 
 
 def test_a_rebuilt_rollout_comes_back_with_its_synced_weights_and_version(loop, served, state_dir):

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from functools import cache
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from hybridflow.http.call_body import parse_call_body
@@ -26,38 +27,12 @@ from hybridflow_client.wire.formats import JSON as JSON_TYPE
 from hybridflow_client.wire.formats import SAFETENSORS
 from hybridflow_client.wire.limits import DEFAULT_LIMITS, WireLimits
 from hybridflow_client.wire.safetensors_body import encode_safetensors
+from tests.unit.test_client_install import CLIENT
 
-FUZZ = settings(
-    max_examples=100, deadline=None, database=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
-)
-#: Small limits, so that the bounds are reached too.
-LIMITS = WireLimits(max_tensors=8, max_json_values=200, max_tensor_elements=64, max_ndim=4, max_depth=6)
-
-NAMES = st.sampled_from(["x", "y", "data", "data@x", "x.0", "x.1", "bad name", "", "@", "output", "output.0"])
-SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 63) - 1), st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=8),
-)
-JSON = st.recursive(
-    SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=4), inner, max_size=4)),
-    max_leaves=12,
-)
-#: What a document may name: dtypes it may use, and strings numpy parses into anything
-#: else or refuses with errors of its own (ValueError, SyntaxError).
-DTYPES = st.one_of(
-    st.sampled_from(["object", "<f4", "<f8", "|b1", "<i8", "|u1", ">i2", "f16"]),
-    st.sampled_from([
-        "float32", "(2147483647,)f4", "(2,)f4", "V8", "M8", "f4,i4", "S3", "U1", "O", "c8", "06E", "6:", "i4 ",
-    ]),
-    JSON,
-)
-ROWS = st.integers(0, 3)
-BATCH_NAMES = st.lists(NAMES, unique=True, max_size=2)
-EXTRA_DIMS = st.lists(st.integers(0, 2), max_size=2)
-ONE_IN_EIGHT = st.sampled_from([True] + [False] * 7)
-BROKEN_ARRAY = st.sampled_from([None, None, None, "shape", "data"])
-JUNK_SHAPES = st.one_of(st.lists(st.integers(-1, 2**31), max_size=3), JSON)
-ITEMS = st.one_of(st.integers(-300, 300), st.floats(-1e40, 1e40), st.booleans(), JSON)
+# The fuzz strategies are the client's tests' own (a client-only checkout runs them too).
+sys.path.insert(0, str(CLIENT / "tests"))
+import wire_strategies  # noqa: E402
+from wire_strategies import FUZZ, JSON, LIMITS, NAMES  # noqa: E402
 
 
 @cache  # a strategy made once is validated once
@@ -68,54 +43,10 @@ def tensor_of(rows: int) -> st.SearchStrategy[torch.Tensor]:
     )
 
 
-@cache
-def items(count: int) -> st.SearchStrategy[list]:
-    return st.lists(ITEMS, min_size=count, max_size=count)
+def dataproto_cases() -> st.SearchStrategy[tuple[object, dict[str, torch.Tensor]]]:
+    return wire_strategies.dataproto_cases(tensor_of)
 
 
-@cache
-def arrays_of(rows: int) -> st.SearchStrategy[dict]:
-    return st.dictionaries(NAMES, array_documents(rows), min_size=1, max_size=2)
-
-
-@st.composite
-def array_documents(draw: st.DrawFn, rows: int) -> dict:
-    """Mostly an array that fits ``rows``, with a dtype, shape or data that may not."""
-    shape = [rows] + draw(EXTRA_DIMS)
-    count = 1
-    for size in shape:
-        count *= size
-    document = {"dtype": draw(DTYPES), "shape": shape, "data": draw(items(count))}
-    broken = draw(BROKEN_ARRAY)
-    if broken:
-        document[broken] = draw(JUNK_SHAPES)
-    return document
-
-
-@st.composite
-def dataproto_cases(draw: st.DrawFn) -> tuple[object, dict[str, torch.Tensor]]:
-    """A document and its tensors: mostly consistent, then one part replaced by junk."""
-    rows = draw(ROWS)
-    names = draw(BATCH_NAMES)
-    tensors = {name: draw(tensor_of(draw(ROWS_OF_TENSOR) + rows)) for name in names}
-    document: dict = {
-        "rows": rows,
-        "batch": names,
-        "non_tensor_batch": draw(arrays_of(rows)),
-        "meta_info": draw(META_INFO),
-    }
-    broken = draw(BROKEN)
-    if broken:
-        document[broken] = draw(JSON)
-    return (draw(JUNK_DOCUMENTS) if draw(ONE_IN_EIGHT) else document), tensors
-
-
-ROWS_OF_TENSOR = st.sampled_from([0, 0, 0, 1])
-META_INFO = st.dictionaries(st.text(max_size=3), JSON, max_size=3)
-BROKEN = st.sampled_from([None] * 6 + ["rows", "batch", "non_tensor_batch", "meta_info", "pickle"])
-JUNK_DOCUMENTS = st.one_of(
-    st.dictionaries(st.sampled_from(["rows", "batch", "non_tensor_batch", "meta_info", "pickle"]), JSON), JSON
-)
 TENSORS = tensor_of(2)
 
 

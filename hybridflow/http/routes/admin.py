@@ -1,4 +1,5 @@
-"""``/v1/admin``: what an operator does to one group. Token-protected like every route."""
+"""``/v1/admin``: what an operator does to one group (reset it, restart it). Token-protected
+like every route."""
 
 from __future__ import annotations
 
@@ -24,3 +25,14 @@ async def reset_group(group: str, request: Request) -> Any:
     ``failed``); on a ready group it discards every acknowledged call. Answers at once:
     the group is ``rebuilding``, then ``ready`` (poll ``GET /v1/groups/{group}``)."""
     return JSONResponse(summary_json(found(await backend(request).reset_group(group))), status_code=202)
+
+
+@router.post("/v1/admin/groups/{group}/restart", status_code=202, response_model=GroupBody,
+             responses=errors(401, 404))
+async def restart_group(group: str, request: Request) -> Any:
+    """Rebuild the group on fresh workers with its stored state: the way back for a group
+    its supervision halted (``on_rank_lost: halt``, or past ``max_restarts``), and a fresh
+    start for any other; its restart count starts again. Answers at once: the group is
+    ``rebuilding``, then ``ready`` (poll ``GET /v1/groups/{group}``, or follow
+    ``GET /v1/events``)."""
+    return JSONResponse(summary_json(found(await backend(request).restart_group(group))), status_code=202)

@@ -23,7 +23,10 @@ async def healthz() -> dict[str, Any]:
 
 @router.get("/readyz", response_model=Health, response_model_exclude_none=True, responses=errors(503))
 async def readyz(request: Request) -> Any:
-    """Readiness: every group of every controller is ready. With the token (or when none is
+    """Readiness: the service can serve, every group of every controller having come up
+    since its controller's replica started. One group's trouble after that (restoring after
+    a client's failed call, a lost worker, a halt) is in its own status and its 503s, not
+    here: it takes no other group out of service. With the token (or when none is
     configured), the answer says so of each group."""
     groups = await backend(request).ready()
     detail = authorized(request)
