@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import pytest
+import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
@@ -44,7 +45,10 @@ def documented_value(text: str) -> Any:
         try:
             return json.loads(found.group(1))
         except ValueError:
-            return found.group(1)
+            pass
+        if found.group(1).startswith("{"):  # a YAML flow mapping: a nested model's fields
+            return yaml.safe_load(found.group(1))
+        return found.group(1)
     if text in ("null", "true", "false"):
         return json.loads(text)
     if re.fullmatch(r"-?\d{1,3}(,\d{3})+|-?\d+", text):
@@ -77,6 +81,8 @@ def split_defaults(text: str, count: int) -> list[str]:
 
 def plain(value: Any) -> Any:
     """A config default as the page would write it."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
     if isinstance(value, list):
         return [plain(v) for v in value]
     if isinstance(value, (ipaddress.IPv4Network, ipaddress.IPv6Network)):
@@ -92,7 +98,7 @@ def default_problem(field: FieldInfo, written: str) -> str | None:
     default = field.get_default(call_default_factory=True)
     if value == REQUIRED:
         return f"the page says required, but the default is {plain(default)!r}"
-    if value in (WORDS, EMPTY):
+    if isinstance(value, str) and value in (WORDS, EMPTY):
         if default is None or isinstance(default, BaseModel):
             return None
         return f"the page says {written!r} in words, but the default is {plain(default)!r}"
