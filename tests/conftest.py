@@ -65,3 +65,8 @@ def pytest_configure(config):
         "own_cluster: the test starts a Ray cluster (a `serve run`) of its own instead of using the session's; "
         "`make test` runs these beside the others",
     )
+    config.addinivalue_line(
+        "markers",
+        "fresh_start: the module reads the services it uses as a fresh start leaves them (the README's answers); "
+        "it runs before the other modules on the same services and leaves the groups it changed fresh again",
+    )

@@ -256,10 +256,11 @@ def limited(second_service):
 APPLICATIONS = ("small_service", "second_service")
 
 
-def _module_rank(fixtures: set[str]) -> int:
+def _module_rank(fixtures: set[str], fresh_start: bool) -> tuple[int, int]:
     """Modules on the shipped service alone first (some read its groups as a fresh start
-    leaves them), then those on the small application, then those on the second."""
-    return next((rank + 1 for rank, name in enumerate(APPLICATIONS) if name in fixtures), 0)
+    leaves them), then those on the small application, then those on the second; among
+    each, a module marked ``fresh_start`` first (the README's answers are a fresh start's)."""
+    return next((rank + 1 for rank, name in enumerate(APPLICATIONS) if name in fixtures), 0), int(not fresh_start)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by a marker
@@ -268,9 +269,18 @@ def pytest_collection_modifyitems(items):
     # a time in the session's cluster (each is deleted after its last user), and the
     # shipped service's groups as a fresh start leaves them for the modules that run first.
     fixtures_of_module: dict[str, set[str]] = {}
+    fresh_modules: set[str] = set()
     for item in items:
-        fixtures_of_module.setdefault(item.nodeid.split("::", 1)[0], set()).update(item.fixturenames)
-    items.sort(key=lambda item: _module_rank(fixtures_of_module[item.nodeid.split("::", 1)[0]]))  # stable
+        module = item.nodeid.split("::", 1)[0]
+        fixtures_of_module.setdefault(module, set()).update(item.fixturenames)
+        if item.get_closest_marker("fresh_start"):
+            fresh_modules.add(module)
+
+    def order(item: pytest.Item) -> tuple[int, int]:
+        module = item.nodeid.split("::", 1)[0]
+        return _module_rank(fixtures_of_module[module], module in fresh_modules)
+
+    items.sort(key=order)  # stable
     for item in items:  # the last test to use each service stops it (see below)
         for name in SERVICES:
             if name in item.fixturenames:

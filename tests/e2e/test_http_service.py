@@ -1,7 +1,8 @@
 """End to end: `serve run serve_config.yaml` started as a user would, driven with httpx.
 
-The first test replays the tutorial in its order on the fresh service (the session's
-``service``, which this module is the first to use); later tests use state the tutorial
+The first test replays the tutorial in its order on the service's groups as a fresh start
+leaves them (the session's ``service``: test_readme_answers.py, which runs before every
+other module on it, resets the groups it changed); later tests use state the tutorial
 leaves or groups it does not mutate.
 """
 

@@ -17,7 +17,7 @@ router = APIRouter(tags=["admin"], dependencies=[Depends(require_token)])
 
 
 @router.post("/v1/admin/groups/{group}/reset", status_code=202, response_model=GroupBody,
-             responses=errors(401, 404))
+             responses=errors(401, 404, 415, 503, 504))
 async def reset_group(group: str, request: Request) -> Any:
     """Discard the group's stored state (journal, snapshot, Idempotency-Key answers) and
     rebuild it fresh, as its workers' constructor and init calls leave it; other groups
@@ -28,7 +28,7 @@ async def reset_group(group: str, request: Request) -> Any:
 
 
 @router.post("/v1/admin/groups/{group}/restart", status_code=202, response_model=GroupBody,
-             responses=errors(401, 404))
+             responses=errors(401, 404, 415, 503, 504))
 async def restart_group(group: str, request: Request) -> Any:
     """Rebuild the group on fresh workers with its stored state: the way back for a group
     its supervision halted (``on_rank_lost: halt``, or past ``max_restarts``), and a fresh

@@ -35,6 +35,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         404: "unknown group, method, model or job",
         406: "the answer cannot be sent in the form asked for (Accept)",
         409: "job not finished",
+        410: "job cancelled",
         413: "body over the size limit",
         415: "unsupported Content-Type",
         422: "arguments that do not fit the method, or the method raised",

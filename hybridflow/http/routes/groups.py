@@ -49,7 +49,7 @@ async def list_groups(request: Request) -> dict[str, Any]:
     return {"groups": [summary_json(s) for s in await backend(request).describe()]}
 
 
-@router.get("/v1/groups/{group}", response_model=GroupDetail, responses=errors(401, 404))
+@router.get("/v1/groups/{group}", response_model=GroupDetail, responses=errors(401, 404, 503, 504))
 async def get_group(group: str, request: Request) -> dict[str, Any]:
     """One group with per-rank details (rank, local rank, node, pid, GPU; tp/dp/pp for Megatron)."""
     return summary_json(found(await backend(request).describe_group(group)))

@@ -37,7 +37,7 @@ async def _job(request: Request, job_id: str, action: str = "status") -> dict[st
     "/v1/jobs/{group}/{method}",
     status_code=202,
     response_model=JobStatus,
-    responses=errors(400, 401, 404, 413, 415, 422, 429),
+    responses=errors(400, 401, 404, 413, 415, 422, 429, 503, 504),
     openapi_extra=CALL_BODY_DOC,
 )
 async def submit_job(group: str, method: str, request: Request, split: int = 1) -> Any:
@@ -53,18 +53,23 @@ async def submit_job(group: str, method: str, request: Request, split: int = 1) 
     return JSONResponse(public(job), status_code=202, headers={"Location": f"/v1/jobs/{job['id']}"})
 
 
-@router.get("/v1/jobs", responses=errors(401))
+@router.get("/v1/jobs", responses=errors(401, 404, 503, 504))
 async def list_jobs(request: Request) -> dict[str, Any]:
     return {"jobs": [public(job) for job in found(await jobs(request).list_jobs())]}
 
 
-@router.get("/v1/jobs/{job_id}", response_model=JobStatus, responses=errors(401, 404))
+@router.get("/v1/jobs/{job_id}", response_model=JobStatus, responses=errors(401, 404, 503, 504))
 async def job_status(job_id: str, request: Request) -> dict[str, Any]:
     """Status (queued, running, succeeded, failed, cancelled), progress 0..1, elapsed time."""
     return await _job(request, job_id)
 
 
-@router.get("/v1/jobs/{job_id}/result", response_model=CallResponse, responses=errors(401, 404, 406, 409))
+#: A failed job's result answers the status its call would have (``status_code``), a
+#: cancelled one's 410.
+RESULT_STATUSES = sorted({401, 404, 406, 409, 410, 503, 504, *STATUS_OF.values()})
+
+
+@router.get("/v1/jobs/{job_id}/result", response_model=CallResponse, responses=errors(*RESULT_STATUSES))
 async def job_result(job_id: str, request: Request) -> Response:
     """The finished job's answer, as the call route gives it (JSON or safetensors)."""
     found = await _job(request, job_id, "result")
@@ -76,7 +81,7 @@ async def job_result(job_id: str, request: Request) -> Response:
     return await answer(request, job["group"], job["method"], found["outcome"])
 
 
-@router.delete("/v1/jobs/{job_id}", response_model=JobStatus, responses=errors(401, 404))
+@router.delete("/v1/jobs/{job_id}", response_model=JobStatus, responses=errors(401, 404, 503, 504))
 async def cancel_job(job_id: str, request: Request) -> dict[str, Any]:
     """Cancel a job: no further pieces start (a call already on the workers finishes there)."""
     return await _job(request, job_id, "cancel")

@@ -34,7 +34,7 @@ async def oip_ready(request: Request) -> Response:
     return Response(status_code=200 if groups and all(groups.values()) else 503)
 
 
-@router.get("/v2", response_model=ServerMetadata)
+@router.get("/v2", response_model=ServerMetadata, responses=errors(401))
 async def server_metadata() -> dict[str, Any]:
     return {"name": oip.SERVER_NAME, "version": oip.SERVER_VERSION, "extensions": oip.EXTENSIONS}
 
@@ -46,13 +46,13 @@ def model_route(request: Request, model: str) -> ModelRoute:
     return route
 
 
-@router.get("/v2/models/{model}", response_model=ModelMetadata, responses=errors(404))
+@router.get("/v2/models/{model}", response_model=ModelMetadata, responses=errors(401, 404, 503, 504))
 async def model_metadata(model: str, request: Request) -> dict[str, Any]:
     model_route(request, model)
     return found(await backend(request).model_metadata(model))
 
 
-@router.get("/v2/models/{model}/ready", responses=errors(404, 503))
+@router.get("/v2/models/{model}/ready", responses=errors(401, 404, 503))
 async def model_ready(model: str, request: Request) -> Response:
     model_route(request, model)
     return Response(status_code=200 if await backend(request).model_ready(model) else 503)

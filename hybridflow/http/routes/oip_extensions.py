@@ -39,13 +39,13 @@ async def _statistics(request: Request, models: list[str]) -> dict[str, Any]:
     return {"model_stats": [found(answer) for answer in answers]}
 
 
-@router.get("/v2/models/stats", response_model=ModelStatisticsResponse, responses=errors(401, 504))
+@router.get("/v2/models/stats", response_model=ModelStatisticsResponse, responses=errors(401, 503, 504))
 async def all_statistics(request: Request) -> dict[str, Any]:
     """Every model's statistics."""
     return await _statistics(request, sorted(settings(request).models))
 
 
-@router.get("/v2/models/{model}/stats", response_model=ModelStatisticsResponse, responses=errors(401, 404, 504))
+@router.get("/v2/models/{model}/stats", response_model=ModelStatisticsResponse, responses=errors(401, 404, 503, 504))
 async def model_statistics(model: str, request: Request) -> dict[str, Any]:
     """The model's statistics since its controller replica started: success and fail
     counts, cumulative queue, compute input, compute infer and compute output times."""
@@ -56,7 +56,7 @@ async def model_statistics(model: str, request: Request) -> dict[str, Any]:
 @router.get(
     "/v2/models/{model}/versions/{version}/stats",
     response_model=ModelStatisticsResponse,
-    responses=errors(401, 404, 504),
+    responses=errors(401, 404, 503, 504),
 )
 async def version_statistics(model: str, version: str, request: Request) -> dict[str, Any]:
     model_route(request, model)
@@ -81,7 +81,7 @@ def _index_request(body: bytes) -> RepositoryIndexRequest:
 @router.post(
     "/v2/repository/index",
     response_model=list[RepositoryModel],
-    responses=errors(400, 401, 413),
+    responses=errors(400, 401, 413, 415),
     openapi_extra={"requestBody": {"required": False, "content": {
         "application/json": {"schema": RepositoryIndexRequest.model_json_schema()}
     }}},
@@ -106,14 +106,14 @@ async def repository_index(request: Request) -> list[dict[str, Any]]:
     return index
 
 
-@router.post("/v2/repository/models/{model}/load", responses=errors(400, 401, 404))
+@router.post("/v2/repository/models/{model}/load", responses=errors(400, 401, 404, 415))
 async def load_model(model: str, request: Request) -> None:
     """Refused: the serve config fixes the models, and every one is loaded at start."""
     model_route(request, model)
     raise ApiError(400, f"model {model!r} is loaded from the serve config; it cannot be loaded or reloaded over HTTP")
 
 
-@router.post("/v2/repository/models/{model}/unload", responses=errors(400, 401, 404))
+@router.post("/v2/repository/models/{model}/unload", responses=errors(400, 401, 404, 415))
 async def unload_model(model: str, request: Request) -> None:
     """Refused: the serve config fixes the models."""
     model_route(request, model)
