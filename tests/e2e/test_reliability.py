@@ -240,6 +240,9 @@ def test_schemathesis_finds_no_server_errors(service):
 
     for operation in schema.get_all_operations():
         op = operation.ok()
+        if op.path == "/v1/events":
+            continue  # a stream that does not end; its 400, 401 and 404 are tests of their own
+
 
         @settings(max_examples=60, deadline=None, database=None,
                   suppress_health_check=list(HealthCheck))

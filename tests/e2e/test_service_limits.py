@@ -3,9 +3,21 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 
 from tests.e2e.jobs import wait_for_job
+
+
+def wait_until_serving(client: httpx.Client, timeout_s: float = 60) -> None:
+    """Until ``test_actor`` answers a call: after a call past the timeout the controller
+    checks the group's workers (one of them still runs that call), and calls meanwhile
+    get 503."""
+    deadline = time.monotonic() + timeout_s
+    while client.post("/v1/groups/test_actor/foo", json={"kwargs": {"y": 0}}).status_code != 200:
+        assert time.monotonic() < deadline, f"test_actor did not serve within {timeout_s:g} s"
+        time.sleep(0.1)
 
 
 def test_token_required_everywhere_but_health(limited, client):
@@ -31,6 +43,7 @@ def test_body_over_the_limit_is_413(client):
 
 
 def test_call_past_the_timeout_is_504(client):
+    wait_until_serving(client)
     response = client.post("/v1/groups/test_actor/sleep", json={"kwargs": {"seconds": 10}})
     assert response.status_code == 504, response.text
     assert response.json()["error"]
@@ -39,6 +52,7 @@ def test_call_past_the_timeout_is_504(client):
 def test_a_job_whose_call_passes_the_deadline_fails_as_a_timeout(client):
     """With the controllers in replicas of their own: the job's call comes back from its
     controller as a timeout, and the job says so (not an unknown group)."""
+    wait_until_serving(client)
     job = client.post("/v1/jobs/test_actor/sleep", json={"kwargs": {"seconds": 6}})
     assert job.status_code == 202, job.text
     final, _ = wait_for_job(client, job.json()["id"], timeout=60)
