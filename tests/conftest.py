@@ -3,6 +3,7 @@ seconds each to start, so tests share the cluster and, where they can, the group
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -34,7 +35,11 @@ def ray_cluster():
             namespace="single_controller_tests",
         )
     yield ray
+    # Garbage holding Ray handles is collected while Ray is up; what is left stays: a
+    # handle's destructor run by a collection after shutdown ends the process (exit 1).
+    gc.collect()
     ray.shutdown()
+    gc.freeze()
 
 
 @pytest.fixture
