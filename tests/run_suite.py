@@ -3,14 +3,14 @@ each took (printed at the end).
 
     python -m tests.run_suite [pytest arguments for every run]
 
-Stages, each a set of chains that run side by side; a chain's runs go one after
-another. Two chains of about the same length: the Ray layer's one cluster, then the
-end-to-end tests on the session's ``serve run`` (the shipped service and the
-applications that share its cluster); beside them the unit layer (no Ray), the client
-distribution's own tests, the Ray tests with a cluster of their own (the multi-node
-check) and the end-to-end tests that start clusters of their own (restarts). Every run
-goes even if another failed; the output of a run beside another is printed after it;
-exit status 5 (no test selected, as with a ``-k``) fails no run.
+Two stages, each a set of chains that run side by side; a chain's runs go one after
+another. The unit layer (no Ray), the client distribution's own tests and the Ray tests
+with a cluster of their own (the multi-node check) run beside the Ray layer's one
+cluster; then the end-to-end layer in two processes: the tests on the session's
+``serve run`` (the shipped service and the applications that share its cluster) and
+those that start clusters of their own (restarts). Every run goes even if another
+failed; the output of a run beside another is printed after it; exit status 5 (no test
+selected, as with a ``-k``) fails no run.
 """
 
 from __future__ import annotations
@@ -44,12 +44,14 @@ class Run:
 
 STAGES: list[list[list[Run]]] = [
     [
-        [Run("ray", ["tests/ray", "-m", "not own_cluster"]),
-         Run("e2e, shared cluster", ["tests/e2e", "-m", "not own_cluster"])],
+        [Run("ray", ["tests/ray", "-m", "not own_cluster"])],
         [Run("unit", ["tests/unit"]),
          Run("client", ["tests"], cwd=ROOT / "hybridflow-client"),
-         Run("ray, own cluster", ["tests/ray", "-m", "own_cluster"]),
-         Run("e2e, own clusters", ["tests/e2e", "-m", "own_cluster"])],
+         Run("ray, own cluster", ["tests/ray", "-m", "own_cluster"])],
+    ],
+    [
+        [Run("e2e, shared cluster", ["tests/e2e", "-m", "not own_cluster"])],
+        [Run("e2e, own clusters", ["tests/e2e", "-m", "own_cluster"])],
     ],
 ]
 
