@@ -5,7 +5,6 @@ answers with a 4xx JSON error), never anything else. Bounded to a few seconds; n
 from __future__ import annotations
 
 import json
-import struct
 from functools import cache
 
 import numpy as np
@@ -13,7 +12,7 @@ import pytest
 import wire_strategies
 from hypothesis import given
 from hypothesis import strategies as st
-from wire_strategies import FUZZ, JSON, LIMITS, NAMES
+from wire_strategies import FUZZ, LIMITS, NAMES, SAFETENSORS_BODIES
 
 from hybridflow_client.wire.builders import CLIENT_BUILDER
 from hybridflow_client.wire.dataproto import JSON_MARKER, build_dataproto
@@ -67,24 +66,9 @@ def test_safetensors_metadata_decodes_or_is_a_wire_error(cases, plain):
     survives(decode_output_body, body, "output", LIMITS)
 
 
-ENTRIES = st.fixed_dictionaries({
-    "dtype": st.one_of(st.sampled_from(["F32", "I64", "BOOL", "BF16", "U16", "F8_E4M3"]), JSON),
-    "shape": st.one_of(st.lists(st.integers(-1, 3), max_size=3), JSON),
-    "data_offsets": st.one_of(st.lists(st.integers(-1, 40), min_size=2, max_size=2), JSON),
-})
-
-
 @FUZZ
-@given(
-    header=st.one_of(
-        st.dictionaries(st.one_of(NAMES, st.just("__metadata__")), st.one_of(ENTRIES, JSON), max_size=4), JSON
-    ),
-    data=st.binary(max_size=40),
-    claimed=st.one_of(st.none(), st.integers(0, (1 << 64) - 1)),
-)
-def test_a_safetensors_header_decodes_or_is_a_wire_error(header, data, claimed):
-    text = json.dumps(header).encode()
-    body = struct.pack("<Q", len(text) if claimed is None else claimed) + text + data
+@given(body=SAFETENSORS_BODIES)
+def test_a_safetensors_header_decodes_or_is_a_wire_error(body):
     survives(decode_call_body, bytearray(body), LIMITS)
     survives(decode_output_body, body, "output", LIMITS)
 

@@ -6,6 +6,8 @@ tensor of a number of rows."""
 
 from __future__ import annotations
 
+import json
+import struct
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -89,3 +91,27 @@ def dataproto_cases(draw: st.DrawFn, tensor_of: Callable[[int], st.SearchStrateg
     if broken:
         document[broken] = draw(JSON)
     return (draw(JUNK_DOCUMENTS) if draw(ONE_IN_EIGHT) else document), tensors
+
+
+#: A safetensors header's entry, well-formed or not.
+HEADER_ENTRIES = st.fixed_dictionaries({
+    "dtype": st.one_of(st.sampled_from(["F32", "I64", "BOOL", "BF16", "U16", "F8_E4M3"]), JSON),
+    "shape": st.one_of(st.lists(st.integers(-1, 3), max_size=3), JSON),
+    "data_offsets": st.one_of(st.lists(st.integers(-1, 40), min_size=2, max_size=2), JSON),
+})
+
+
+def _safetensors_body(header: Any, data: bytes, claimed: int | None) -> bytes:
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text) if claimed is None else claimed) + text + data
+
+
+#: A safetensors body of any header (entries, metadata or any JSON), any data, and a
+#: header length as written or any other.
+SAFETENSORS_BODIES = st.builds(
+    _safetensors_body,
+    st.one_of(st.dictionaries(st.one_of(NAMES, st.just("__metadata__")), st.one_of(HEADER_ENTRIES, JSON), max_size=4),
+              JSON),
+    st.binary(max_size=40),
+    st.one_of(st.none(), st.integers(0, (1 << 64) - 1)),
+)
