@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,6 +160,9 @@ class UnitState:
     supervision: Supervision | None = None
     replaced_ranks: int = 0
     restarts: int = 0
+    #: The discards of the operators' resets that the coming rebuild makes (None: no reset
+    #: is waiting for its rebuild).
+    discards: list[Callable[[], Awaitable[None]]] | None = None
     #: Monotonic time up to which its not-ready time is counted (None while ready).
     unready_since: float | None = field(default_factory=time.monotonic)
 

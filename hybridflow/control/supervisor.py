@@ -317,10 +317,33 @@ class Supervisor(Recovery):
     def reset(self, unit: UnitState, discard: Callable[[], Awaitable[None]], reason: str) -> None:
         """Rebuild the unit, calling ``discard`` (which drops stored state) once its old
         workers are gone and the calls on them settled; after a start or rebuild that is
-        running now, halted or not. An operator's act: its restart count starts again."""
+        running now, halted or not. An operator's act: its restart count starts again.
+        Resets of a unit's members that come before its rebuild discards share that one
+        rebuild (colocated members are reset in one go)."""
         logger.warning("resetting %s: %s", unit.unit.name, reason)
         self._operator(unit)
-        self._begin(unit, REBUILDING, reason, self.rebuild(unit, discard, after=unit.task))
+        if unit.discards is not None:
+            unit.discards.append(discard)
+            return
+        discards = unit.discards = [discard]
+        self._begin(unit, REBUILDING, reason, self._reset(unit, discards, after=unit.task))
+
+    async def _reset(self, unit: UnitState, discards: list[Callable[[], Awaitable[None]]],
+                     after: asyncio.Task | None) -> None:
+        """The rebuild of resets: ``discards`` (the list that resets join until it runs)."""
+        def closed() -> None:  # a reset from now on waits for this rebuild, then makes its own
+            if unit.discards is discards:
+                unit.discards = None
+
+        async def discard_all() -> None:
+            closed()
+            for discard in discards:
+                await discard()
+
+        try:
+            await self.rebuild(unit, discard_all, after=after)
+        finally:
+            closed()
 
     def restart_by_operator(self, unit: UnitState, reason: str) -> None:
         """Rebuild the unit with its stored state (``POST /v1/admin/groups/{group}/restart``):

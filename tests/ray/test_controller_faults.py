@@ -39,7 +39,11 @@ def state_path(tmp_path_factory):
 @pytest.fixture(scope="module")
 def controller(ray_cluster, loop, state_path):
     config = load_config({
-        "deployments": [{"name": "faults", "groups": [group("counter"), group("replayed"), group("other")]}],
+        "deployments": [{"name": "faults", "groups": [
+            group("counter"), group("replayed"), group("other"),
+            {**group("pair"), "colocate_with": ["pair_view"]},  # one process per bundle holds both
+            {"name": "pair_view", "worker": COUNTER, "pool": {"same_as": "pair"}, "read_only": ["get"]},
+        ]}],
         "state": {"path": state_path, "snapshot_every": EVERY, "replay_timeout_s": 2},
     })
     deployment = config.deployments[0]
@@ -192,6 +196,39 @@ def test_a_replay_that_raises_leaves_the_group_failed_until_it_is_reset(loop, co
 
 async def _reset(controller, group_name):
     return controller.reset_group(group_name)
+
+
+async def _reset_both(controller):
+    return [controller.reset_group(name) for name in ("pair", "pair_view")]
+
+
+def test_resets_of_colocated_groups_share_one_rebuild_and_discard_both(loop, controller):
+    assert call(loop, controller, "pair", "add", 3).ok
+    assert call(loop, controller, "pair_view", "add", 4).ok
+    unit = controller.groups["pair"].unit
+    assert controller.groups["pair_view"].unit is unit
+    rebuilds = unit.rebuilds
+    assert [s.status for s in run(loop, _reset_both(controller))] == ["rebuilding", "rebuilding"]
+    wait_status(controller, "pair", "ready")
+    assert unit.rebuilds == rebuilds + 1  # the processes both roles share were started once
+    assert value(loop, controller, "pair") == [0, 0] and value(loop, controller, "pair_view") == [0, 0]
+    for name in ("pair", "pair_view"):
+        durability = controller.groups[name].durability
+        assert durability.store.load(durability.scope).entries == []
+    # a reset that comes once a rebuild has discarded is a rebuild of its own, after it
+    assert call(loop, controller, "pair", "add", 5).ok and call(loop, controller, "pair_view", "add", 6).ok
+    pair, view = (controller.groups[name].durability for name in ("pair", "pair_view"))
+    run(loop, _reset(controller, "pair"))
+    deadline = time.monotonic() + 120
+    while pair.store.load(pair.scope).entries:
+        assert time.monotonic() < deadline, "the reset did not discard pair's journal"
+        time.sleep(0.01)
+    assert unit.status == "rebuilding" and view.store.load(view.scope).entries
+    run(loop, _reset(controller, "pair_view"))
+    wait_status(controller, "pair", "ready")
+    assert unit.rebuilds == rebuilds + 3
+    assert value(loop, controller, "pair") == [0, 0] and value(loop, controller, "pair_view") == [0, 0]
+    assert view.store.load(view.scope).entries == []
 
 
 def test_a_replay_past_its_deadline_leaves_the_group_failed(loop, controller):
