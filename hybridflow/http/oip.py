@@ -13,6 +13,7 @@ import torch
 
 from hybridflow.http.body import JSON, OCTET_STREAM
 from hybridflow.http.errors import ApiError
+from hybridflow.wire.loop_work import loop_work
 from hybridflow.wire.torch_builder import TORCH_BUILDER
 from hybridflow_client.wire.errors import WireError
 from hybridflow_client.wire.limits import DEFAULT_LIMITS, WireLimits
@@ -33,6 +34,29 @@ def parse_request(
         return parse_infer_request(body, header_length, limits, TORCH_BUILDER)
     except WireError as exc:
         raise ApiError(400, str(exc)) from None
+
+
+def request_work(body: bytes | bytearray, header_length: str | None) -> int:
+    """Decoding ``body``'s work (``routes.common.loop_work``): its JSON is parsed, the
+    binary tensor data after a header only viewed or copied. A header length that is no
+    length, or past the body, counts the whole body as JSON (the decoder refuses it)."""
+    size = len(body)
+    parsed = int(header_length) if header_length is not None and header_length.isdigit() else size
+    parsed = min(parsed, size)
+    return loop_work(parsed, size - parsed)
+
+
+def answer_work(outputs: Mapping[str, Any], binary: set[str]) -> int:
+    """Encoding the answer's work: binary outputs are copied, the others spelled as JSON."""
+    parsed = raw = 0
+    for name, tensor in outputs.items():
+        if isinstance(tensor, torch.Tensor):
+            nbytes = tensor.numel() * tensor.element_size()
+            if name in binary:
+                raw += nbytes
+            else:
+                parsed += nbytes
+    return loop_work(parsed, raw)
 
 
 #: An inference body by media type: JSON, the binary extension's octet stream, or none

@@ -15,6 +15,7 @@ from hybridflow.http.call_body import CALL_BODIES, parse_call_body
 from hybridflow.http.errors import ApiError
 from hybridflow.http.schemas import ErrorResponse
 from hybridflow.http.settings import IngressSettings
+from hybridflow.wire.loop_work import OFF_LOOP_BYTES, leaves_loop
 from hybridflow_client.wire.errors import TooLargeForLoop
 
 T = TypeVar("T")
@@ -22,10 +23,6 @@ T = TypeVar("T")
 #: Longest Idempotency-Key: the controllers keep each key with its answer (and the state
 #: store journals it), so its size is bounded like a body's.
 MAX_IDEMPOTENCY_KEY_CHARS = 200
-
-#: Bodies (and answers) this large are decoded (and encoded) off the event loop, so one
-#: large request never stalls the others.
-OFF_LOOP_BYTES = 256 * 1024
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
@@ -74,8 +71,9 @@ def settings(request: Request) -> IngressSettings:
 
 
 async def off_loop(size: int, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)``, in a thread when ``size`` bytes make it worth leaving the loop."""
-    if size >= OFF_LOOP_BYTES:
+    """``fn(*args)``, in a thread when ``size`` bytes of work (``loop_work``) make it worth
+    leaving the loop."""
+    if leaves_loop(size):
         return await asyncio.to_thread(fn, *args)
     return fn(*args)
 

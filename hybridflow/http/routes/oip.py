@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
@@ -74,16 +73,17 @@ async def infer(model: str, request: Request) -> Response:
         raise ApiError(415, f"unsupported media type {kind!r}; send {' or '.join(filter(None, oip.INFER_BODIES))}")
     body = await read_body(request, settings(request).max_body_bytes)
     limits = settings(request).wire_limits()
+    header_length = request.headers.get("inference-header-content-length")
     inference, inputs = await off_loop(
-        len(body), decode, body, request.headers.get("inference-header-content-length"), limits
+        oip.request_work(body, header_length), decode, body, header_length, limits
     )
     chosen, binary = oip.chosen_outputs(model, inference, route.outputs)
     result = await backend(request).infer(model, inputs)
     if result.error is not None:
         raise ApiError.of(result.error)
-    answer_bytes = sum(t.numel() * t.element_size() for t in result.outputs.values() if isinstance(t, torch.Tensor))
     answer, header_length = await off_loop(
-        answer_bytes, oip.response, model, inference, chosen, binary, result.outputs, result.answer_parameters()
+        oip.answer_work(result.outputs, binary), oip.response, model, inference, chosen, binary, result.outputs,
+        result.answer_parameters(),
     )
     if header_length is None:
         return Response(answer, media_type=JSON)
