@@ -37,7 +37,7 @@ def parse_request(
 
 
 def request_work(body: bytes | bytearray, header_length: str | None) -> int:
-    """Decoding ``body``'s work (``routes.common.loop_work``): its JSON is parsed, the
+    """Decoding ``body``'s work (``hybridflow.wire.loop_work``): its JSON is parsed, the
     binary tensor data after a header only viewed or copied. A header length that is no
     length, or past the body, counts the whole body as JSON (the decoder refuses it)."""
     size = len(body)

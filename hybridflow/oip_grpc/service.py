@@ -35,6 +35,7 @@ from hybridflow.oip_grpc.messages import (
     model_metadata_response,
 )
 from hybridflow.oip_grpc.status import GrpcError
+from hybridflow.wire.loop_work import leaves_loop
 from hybridflow_client.wire.errors import WireError
 from hybridflow_client.wire.limits import DEFAULT_LIMITS, WireLimits
 
@@ -42,11 +43,6 @@ Answer = TypeVar("Answer")
 Request = TypeVar("Request", bound=Message)
 #: A request as the proxy forwards it (its bytes), or already parsed.
 Incoming = bytes | Message
-
-#: Requests this large are parsed and decoded (and answers this large encoded) off the
-#: event loop, so one large request never stalls the others.
-OFF_LOOP_BYTES = 256 * 1024
-
 
 class CallContext(Protocol):
     """What the RPCs use of a call's context (``ray.serve.grpc_util.RayServegRPCContext``)."""
@@ -85,7 +81,9 @@ def bearer_token(metadata: Sequence[tuple[str, Any]]) -> str | None:
 
 
 async def _off_loop(size: int, fn: Callable[..., Answer], *args: Any) -> Answer:
-    if size >= OFF_LOOP_BYTES:
+    """``fn(*args)``, in a thread when ``size`` bytes make it worth leaving the loop: a
+    message's bytes count in full, as parsed (``hybridflow.wire.loop_work``)."""
+    if leaves_loop(size):
         return await asyncio.to_thread(fn, *args)
     return fn(*args)
 

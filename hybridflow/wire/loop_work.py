@@ -3,8 +3,9 @@ loop: a large request is decoded in a thread so that it never stalls the others,
 small one on the loop, where a thread's hand-off would cost more than the work.
 
 Work is counted in parsed bytes (JSON, and the tensors spelled in it). Raw tensor bytes
-(OIP's binary data, gRPC's raw contents) are only viewed or copied, never parsed: each
-counts ``1 / RAW_BYTES_PER_PARSED_BYTE`` of a parsed byte.
+(the binary data of an OIP body over HTTP) are only viewed or copied, never parsed: each
+counts ``1 / RAW_BYTES_PER_PARSED_BYTE`` of a parsed byte. The gRPC front counts a
+message's bytes in full.
 """
 
 from __future__ import annotations
