@@ -13,6 +13,7 @@ from ray import serve
 
 from hybridflow.control.controllers import Controllers
 from hybridflow.control.placement import DeploymentPlan
+from hybridflow.serve.preload import load_batch_types
 
 
 @serve.deployment(max_ongoing_requests=256)
@@ -32,6 +33,7 @@ class ControllerDeployment(Controllers):
         service: dict[str, Any],
         status_codes: dict[str, int] | None = None,
     ) -> None:
+        load_batch_types()  # no request pays their import with the loop waiting
         built = Controllers.build([deployment], [plan], service, status_codes)
         super().__init__(list(built.controllers.values()), built.pools)
         await self.begin()

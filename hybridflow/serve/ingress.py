@@ -16,6 +16,7 @@ from hybridflow.http.app import create_app
 from hybridflow.http.settings import IngressSettings
 from hybridflow.serve.backend import ServeBackend, ServeJobs
 from hybridflow.serve.grpc_ingress import GrpcIngress
+from hybridflow.serve.preload import load_batch_types
 
 
 @serve.deployment(name="ingress", max_ongoing_requests=256)
@@ -25,6 +26,7 @@ class Ingress(GrpcIngress):
         # Ray warns on every zero-copy send (see hybridflow.serve.application.INGRESS_RUNTIME_ENV):
         # the ingress never writes to the tensors it sends, which is what the warning is about.
         warnings.filterwarnings("ignore", message="Zero-copy tensor serialization is enabled")
+        load_batch_types()  # no request pays their import with the loop waiting
         self.settings = IngressSettings.model_validate(settings)
         self.backend = ServeBackend(controllers, self.settings)
         self.jobs = None if jobs is None else ServeJobs(jobs, self.settings.request_timeout_s)

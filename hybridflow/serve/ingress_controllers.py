@@ -25,6 +25,7 @@ from hybridflow.http.app import create_app
 from hybridflow.http.settings import IngressSettings
 from hybridflow.serve.backend import ServeJobs
 from hybridflow.serve.grpc_ingress import GrpcIngress
+from hybridflow.serve.preload import load_batch_types
 
 
 @serve.deployment(name="ingress", max_ongoing_requests=256)
@@ -44,6 +45,7 @@ class ControllingIngress(GrpcIngress):
         settings: dict[str, Any],
         jobs: Any = None,
     ) -> None:
+        load_batch_types()  # no request pays their import with the loop waiting
         self.controllers = Controllers.build(deployments, plans, service, status_codes, shifts)
         self.settings = IngressSettings.model_validate(settings)
         self.jobs = None if jobs is None else ServeJobs(jobs, self.settings.request_timeout_s)

@@ -250,3 +250,20 @@ def test_a_piece_pickles_only_its_own_rows(tmp_path):
 def test_to_moves_the_batch_and_returns_itself():
     data = sample()
     assert data.to("cpu") is data and data.batch.device == torch.device("cpu")
+
+
+
+def test_the_ingress_loads_the_batch_types_before_it_serves():
+    # Their first import holds the GIL for a second or more: the replica pays it in its
+    # constructor, never with a request's loop waiting. The constructor is given a status
+    # table it refuses before it touches Ray, which it reads only after the import.
+    code = (
+        "import asyncio, sys; from hybridflow.serve.ingress_controllers import ControllingIngress; "
+        "assert 'tensordict' not in sys.modules, 'importing the ingress loaded tensordict'; "
+        "ingress = object.__new__(ControllingIngress.func_or_class)\n"
+        "try: asyncio.run(ingress.__init__([], [], [], {}, 'not a table', {}))\n"
+        "except ValueError: pass\n"
+        "import ray; assert not ray.is_initialized()\n"
+        "assert 'tensordict' in sys.modules and 'single_controller.protocol' in sys.modules; print('ok')"
+    )
+    assert_fresh_python_prints_ok(code)
