@@ -72,6 +72,6 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
-        "fresh_start: the module reads the services it uses as a fresh start leaves them (the README's answers); "
-        "it runs before the other modules on the same services and leaves the groups it changed fresh again",
+        "fresh_start: the module reads the services it uses as a fresh start leaves them (the README's answers): "
+        "it runs before the other modules on the same services, and resets the groups it calls where they are not",
     )

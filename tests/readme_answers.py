@@ -232,6 +232,14 @@ def journals(client: httpx.Client, groups: list[str]) -> dict[str, int]:
     return {group: client.get(f"/v1/groups/{group}").json()["journal_length"] for group in groups}
 
 
+def make_fresh(client: httpx.Client, groups: list[str]) -> None:
+    """The groups as a fresh start leaves them: those with calls journaled are reset
+    (:func:`reset`), the others are left as they are."""
+    changed = [group for group, length in journals(client, groups).items() if length]
+    if changed:
+        reset(client, changed)
+
+
 def reset(client: httpx.Client, groups: list[str], timeout_s: float = 600) -> dict[str, dict[str, Any]]:
     """``POST /v1/admin/groups/{group}/reset`` for each group, then wait until each is ready
     again with nothing journaled, as a fresh start leaves it; their details."""

@@ -1,9 +1,9 @@
 """End to end: `serve run serve_config.yaml` started as a user would, driven with httpx.
 
-The first test replays the tutorial in its order on the service's groups as a fresh start
-leaves them (the session's ``service``: test_readme_answers.py, which runs before every
-other module on it, resets the groups it changed); later tests use state the tutorial
-leaves or groups it does not mutate.
+The first test replays the tutorial's calls in its order on the service's groups as it
+finds them: each answer is the group's state before plus the call's effect (a fresh
+start's numbers are test_readme_answers.py's and the Ray layer's tutorial test's); later
+tests use groups the tutorial does not mutate, or read the state before they change it.
 """
 
 from __future__ import annotations
@@ -34,23 +34,27 @@ def tensor_values(output):
 
 def test_tutorial_in_order_over_http(http):
     # Chapter 1: the plain accumulator
-    assert call(http, "accumulator", "get_value")["output"] == 0
+    value = call(http, "accumulator", "get_value")["output"]
     assert call(http, "accumulator", "add", args=[10])["output"] is None
-    assert call(http, "accumulator", "get_value")["output"] == 10
-    # Chapter 2
+    assert call(http, "accumulator", "get_value")["output"] == value + 10
+    # Chapter 2: each rank holds its rank plus what was added to it
+    before = {group: tensor_values(call(http, group, "get_value")["output"])
+              for group in ("gpu_accumulator", "gpu_accumulator_a", "gpu_accumulator_merge")}
     answer = call(http, "gpu_accumulator", "add", kwargs={"x": [1, 1, 1, 1]})
     assert answer["group"] == "gpu_accumulator" and answer["method"] == "add"
     assert answer["world_size"] == 4 and answer["dispatch_mode"] == "EXECUTE_ALL"
-    assert tensor_values(answer["output"]) == [1, 2, 3, 4]
-    assert tensor_values(call(http, "gpu_accumulator_a", "add", kwargs={"x": [2] * 4})["output"]) == [2, 3, 4, 5]
+    assert tensor_values(answer["output"]) == [v + 1 for v in before["gpu_accumulator"]]
+    added = call(http, "gpu_accumulator_a", "add", kwargs={"x": [2] * 4})["output"]
+    assert tensor_values(added) == [v + 2 for v in before["gpu_accumulator_a"]]
     merged = call(http, "gpu_accumulator_merge", "add", kwargs={"x": [3] * 8})
-    assert tensor_values(merged["output"]) == [3, 4, 5, 6, 7, 8, 9, 10]
+    assert tensor_values(merged["output"]) == [v + 3 for v in before["gpu_accumulator_merge"]]
     sizes = {g["name"]: g["world_size"] for g in http.get("/v1/groups").json()["groups"]}
     assert (sizes["gpu_accumulator"], sizes["gpu_accumulator_a"], sizes["gpu_accumulator_merge"]) == (4, 4, 8)
-    # Chapter 3
+    # Chapter 3: the decorated add sends its one value to all 8 ranks
+    base = tensor_values(call(http, "gpu_accumulator_decorator", "get_value")["output"])
     decorated = call(http, "gpu_accumulator_decorator", "add", kwargs={"x": 10})
     assert decorated["dispatch_mode"] == "ONE_TO_ALL"
-    assert tensor_values(decorated["output"]) == list(range(10, 18))
+    assert tensor_values(decorated["output"]) == [v + 10 for v in base]
     custom = call(http, "test_actor", "foo_custom", kwargs={"x": [1, 2], "y": [5, 6]})
     assert custom["output"] == [8, 10, 8, 10]
     assert custom["dispatch_mode"].startswith("custom:")
@@ -186,6 +190,7 @@ def test_transport_models_echo_and_checksum_over_binary_routes(service, http):
 
 
 def test_errors_are_json_with_status(http):
+    before = tensor_values(call(http, "gpu_accumulator", "get_value")["output"])
     cases = [
         (http.post("/v1/groups/nope/add", json={}), 404),
         (http.post("/v1/groups/test_actor/nope", json={}), 404),
@@ -206,8 +211,7 @@ def test_errors_are_json_with_status(http):
         assert response.status_code == status, (response.request.url, response.text)
         assert isinstance(response.json()["error"], str) and response.json()["error"]
     # the failed add changed nothing
-    values = tensor_values(call(http, "gpu_accumulator", "get_value")["output"])
-    assert values == [1, 2, 3, 4]
+    assert tensor_values(call(http, "gpu_accumulator", "get_value")["output"]) == before
 
 
 def test_health_and_openapi(http):

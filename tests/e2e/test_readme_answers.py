@@ -4,11 +4,11 @@ state), wait for `/readyz`, then each curl line in order, copied as a user would
 ``localhost:8000`` replaced by the service's address), its answer compared with the one
 the README shows under it (tests/readme_answers.py says how).
 
-The answers are a fresh start's, so this module runs before every other module on the
-shipped service (``fresh_start``, tests/e2e/conftest.py's order) and checks that it finds
-the groups it calls as a fresh start leaves them; afterwards it resets the groups the
-tutorial changed (``POST /v1/admin/groups/{group}/reset``), so the modules after it find
-them fresh too.
+The answers are a fresh start's: the groups the tutorial changes are reset first where a
+module before this one changed them (``POST /v1/admin/groups/{group}/reset``), so the
+module passes in any order; it runs before every other module on the shipped service
+(``fresh_start``, tests/e2e/conftest.py's order), where no reset is needed. It leaves the
+groups as the tutorial leaves them: no module after it needs them fresh.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from tests.doc_pages import Page
-from tests.readme_answers import changed_groups, journals, reset, run, steps
+from tests.readme_answers import changed_groups, journals, make_fresh, run, steps
 from tests.serve_app import shipped_args
 
 pytestmark = pytest.mark.fresh_start
@@ -29,14 +29,13 @@ def tutorial(http):
     found = steps(Page.read("README.md"), SECTION)
     changed = changed_groups(found, shipped_args()["deployments"])
     assert changed, "the tutorial changes no group: nothing to reset"
-    yield found, changed
-    reset(http, changed)
+    make_fresh(http, changed)
+    return found, changed
 
 
 def test_the_readme_tutorial_answers_what_the_readme_shows(service, http, tutorial):
     found, changed = tutorial
     before = journals(http, changed)
-    assert all(n == 0 for n in before.values()), (
-        f"the README's answers are a fresh start's, but a module before this one changed {before}")
+    assert all(n == 0 for n in before.values()), f"the groups the tutorial changes are not fresh: {before}"
     wrong = run(found, service.url.removeprefix("http://"))
     assert not wrong, f"{len(wrong)} of {len(found)} curl lines of README.md's {SECTION!r}:\n" + "\n".join(wrong)
