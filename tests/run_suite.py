@@ -8,9 +8,9 @@ another. The unit layer (no Ray), the client distribution's own tests and the Ra
 with a cluster of their own (the multi-node check) run beside the Ray layer's one
 cluster; then the end-to-end layer in two processes: the tests on the session's
 ``serve run`` (the shipped service and the applications that share its cluster) and
-those that start clusters of their own (restarts). Every run goes even if another
-failed; the output of a run beside another is printed after it; exit status 5 (no test
-selected, as with a ``-k``) fails no run.
+those that start clusters of their own (restarts, and the small service). Every run
+goes even if another failed; the output of a run beside another is printed after it;
+exit status 5 (no test selected, as with a ``-k``) fails no run.
 """
 
 from __future__ import annotations

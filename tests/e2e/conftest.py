@@ -10,10 +10,12 @@
   outside the project (on the cluster's PYTHONPATH), with a bearer token, a 1 KiB body
   limit, a 3 s request timeout, and the ingress scaled out to two replicas, so the
   controllers run in replicas of their own;
-- the third application, ``/small``: small groups for the state store's bounds and a
-  group that declares a mesh (its workers from another package outside the project),
-  health-checked every 2 s, with the byte bounds of kept answers and job results lowered
-  (``SMALL_LIMITS``).
+- the small service (``small_service``): ``serve run`` of a cluster of its own, with small
+  groups for the state store's bounds and a group that declares a mesh (its workers from
+  another package outside the project), health-checked every 2 s, with the byte bounds of
+  kept answers and job results lowered (``SMALL_LIMITS``). Its modules need nothing of the
+  shipped service, so they are marked ``own_cluster`` and ``make test`` runs them beside
+  the session's cluster (a few processes, where the shipped service has dozens).
 
 Modules that restart ``serve run`` start clusters of their own (marked ``own_cluster``).
 Every module runs alone and in any order: each asks for the services it uses.
@@ -215,20 +217,24 @@ def application(service: ServeProcess, name: str, tmp_path_factory, **args) -> S
 
 
 @pytest.fixture(scope="session")
-def small_service(service, tmp_path_factory):
-    """The third application (the state store's bounds, and a group that declares a mesh):
-    test_actor on 2 ranks, the plain accumulator, the mesh deployment from a package
-    outside the project, snapshots every 100 calls, a SQLite file of its own
-    (``.state_path``), the short health checks above, the byte bounds ``SMALL_LIMITS``.
-    Started by its first user, deleted after its last."""
-    app = application(service, "small", tmp_path_factory, deployments=[*_small_deployments(), MESH_DEPLOYMENT],
-                      state={"snapshot_every": SNAPSHOT_EVERY}, limits=SMALL_LIMITS,
-                      health_check_period_s=SMALL_HEALTH_CHECK_PERIOD_S,
-                      health_check_timeout_s=SMALL_HEALTH_CHECK_TIMEOUT_S, health_timeout_s=SMALL_PING_TIMEOUT_S)
+def small_service(tmp_path_factory, outside_packages):
+    """The small service (the state store's bounds, and a group that declares a mesh):
+    ``serve run`` in a cluster of its own, serving test_actor on 2 ranks, the plain
+    accumulator, the mesh deployment from a package outside the project, snapshots every
+    100 calls, a SQLite file of its own (``.state_path``), the short health checks above,
+    the byte bounds ``SMALL_LIMITS``. Started by its first user, stopped after its last."""
+    state = tmp_path_factory.mktemp("small-state") / "state.db"
+    proc = ServeProcess(overrides={
+        "deployments": [*_small_deployments(), MESH_DEPLOYMENT],
+        "state": {"path": str(state), "snapshot_every": SNAPSHOT_EVERY}, "limits": SMALL_LIMITS,
+        "health_check_period_s": SMALL_HEALTH_CHECK_PERIOD_S, "health_check_timeout_s": SMALL_HEALTH_CHECK_TIMEOUT_S,
+        "health_timeout_s": SMALL_PING_TIMEOUT_S,
+    }, env={"PYTHONPATH": str(outside_packages)})
+    proc.state_path = state
     try:
-        yield app.start()
+        yield proc.start()
     finally:
-        app.kill()
+        proc.kill()
 
 
 @pytest.fixture(scope="session")
@@ -253,12 +259,12 @@ def limited(second_service):
 
 #: The applications deleted after their last test, in the order their modules run: while
 #: one of them runs the session's cluster holds it and the shipped service only.
-APPLICATIONS = ("small_service", "second_service")
+APPLICATIONS = ("second_service",)
 
 
 def _module_rank(fixtures: set[str], fresh_start: bool) -> tuple[int, int]:
-    """Modules on the shipped service alone first (some read its groups as a fresh start
-    leaves them), then those on the small application, then those on the second; among
+    """Modules on the shipped service alone (or on the small service) first (some read its
+    groups as a fresh start leaves them), then those on the second application; among
     each, a module marked ``fresh_start`` first (the README's answers are a fresh start's)."""
     return next((rank + 1 for rank, name in enumerate(APPLICATIONS) if name in fixtures), 0), int(not fresh_start)
 

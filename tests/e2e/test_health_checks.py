@@ -1,4 +1,4 @@
-"""Serve's health checks against a busy group, on the small application (health-checked
+"""Serve's health checks against a busy group, on the small service (health-checked
 every 2 s, a check failing after 10 s, a worker lost after 5 s without a ping's answer):
 a call that runs longer than a health check may take, and a queue of calls behind it,
 neither make the group rebuild nor the replica restart."""
@@ -14,6 +14,8 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import SMALL_HEALTH_CHECK_TIMEOUT_S
+
+pytestmark = pytest.mark.own_cluster  # the small service: serve run in a cluster of its own
 
 #: Serve's replica actors of one application's deployment, from Ray's actor list.
 REPLICAS = """

@@ -1,5 +1,5 @@
 """What a request costs the event loop that serves the ingress and hosts the controllers
-(the third service of tests/e2e/conftest.py: test_actor on 2 ranks, the mesh group):
+(the small service of tests/e2e/conftest.py: test_actor on 2 ranks, the mesh group):
 ``/healthz`` answers within a second while a jagged TensorDict of 400,001 rows is split
 across the ranks and while a column of 120,000 Python objects is echoed; and the byte
 bounds of kept answers hold for batches whose bytes are in their object columns
@@ -21,6 +21,8 @@ from hybridflow_client.wire.safetensors_call import decode_output_body, encode_c
 from single_controller import tensordict_utils as tu
 from tests.e2e.conftest import SMALL_LIMITS
 from tests.e2e.jobs import wait_for_job
+
+pytestmark = pytest.mark.own_cluster  # the small service: serve run in a cluster of its own
 
 #: The longest a /healthz may take while a large request is served.
 HEALTHZ_S = 1.0

@@ -4,7 +4,7 @@ called over HTTP with a DataProto body and with TensorDict bodies holding a jagg
 (JSON and safetensors, both ways), a mutating one journaled, the mesh's dp size and
 collecting ranks in GET /v1/groups/{group}, and the ``_query_*`` methods a group asks its
 ranks out of a caller's reach. The group (``doubler``: 4 ranks, mesh "actor" dp=2 x tp=2,
-tp rank 0 answering for its dp rank) is served by the third service (tests/e2e/conftest.py)."""
+tp rank 0 answering for its dp rank) is served by the small service (tests/e2e/conftest.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import torch
 
 from hybridflow_client.wire.safetensors_call import decode_output_body, encode_call_body
 from single_controller.protocol import DataProto
+
+pytestmark = pytest.mark.own_cluster  # the small service: serve run in a cluster of its own
 
 ROWS = [[1, 2, 3], [4], [5, 6, 7, 8], [9, 10]]
 X = [1.5, -2.0, 3.0, 4.25]

@@ -1,4 +1,4 @@
-"""The state store's bounds on a live service (the third service of tests/e2e/conftest.py:
+"""The state store's bounds on a live service (the small service of tests/e2e/conftest.py:
 test_actor on 2 ranks and the plain ``accumulator`` actor, snapshots every 100 calls, a
 SQLite file): a call nested as
 deep as the wire takes does not stop snapshots; a job sent twice with one Idempotency-Key
@@ -18,6 +18,8 @@ from hybridflow.state.backends import open_store
 from hybridflow.state.codec import encode_call
 from tests.e2e.conftest import SMALL_HEALTH_CHECK_PERIOD_S, SNAPSHOT_EVERY
 from tests.e2e.jobs import wait_for_job
+
+pytestmark = pytest.mark.own_cluster  # the small service: serve run in a cluster of its own
 
 
 @pytest.fixture(scope="module")
