@@ -230,6 +230,9 @@ def test_workers_that_die_in_init_halt_their_group_past_max_restarts(loop, contr
     unit = state.unit
     assert unit.last_error.startswith("restarted 2 times in 60 s")
     assert unit.restarts == 2 and unit.halted and state.group is None
+    # this thread saw the halt begin; a turn of the controller's loop lets it end (its
+    # event is published after the status)
+    run(loop, asyncio.sleep(0))
     events = events_after(controller, since, "bounded")
     statuses = [(e.fields["status"], e.at) for e in events if e.kind == "group_status"]
     assert [s for s, _ in statuses] == ["rebuilding", "failed", "rebuilding", "failed"]
