@@ -13,7 +13,6 @@ raised exception, so Serve logs no traceback for a client's mistake.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from hybridflow.oip_grpc.messages import (
     model_metadata_response,
 )
 from hybridflow.oip_grpc.status import GrpcError
-from hybridflow.wire.loop_work import leaves_loop
+from hybridflow.wire.loop_work import off_loop
 from hybridflow_client.wire.errors import WireError
 from hybridflow_client.wire.limits import DEFAULT_LIMITS, WireLimits
 
@@ -43,6 +42,7 @@ Answer = TypeVar("Answer")
 Request = TypeVar("Request", bound=Message)
 #: A request as the proxy forwards it (its bytes), or already parsed.
 Incoming = bytes | Message
+
 
 class CallContext(Protocol):
     """What the RPCs use of a call's context (``ray.serve.grpc_util.RayServegRPCContext``)."""
@@ -78,14 +78,6 @@ def bearer_token(metadata: Sequence[tuple[str, Any]]) -> str | None:
             text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
             return text[7:] if text[:7].lower() == "bearer " else None
     return None
-
-
-async def _off_loop(size: int, fn: Callable[..., Answer], *args: Any) -> Answer:
-    """``fn(*args)``, in a thread when ``size`` bytes make it worth leaving the loop: a
-    message's bytes count in full, as parsed (``hybridflow.wire.loop_work``)."""
-    if leaves_loop(size):
-        return await asyncio.to_thread(fn, *args)
-    return fn(*args)
 
 
 def _size(request: Incoming) -> int:
@@ -188,14 +180,14 @@ class OipGrpcService:
                 f"the request is {size} bytes, over the limit of {self.settings.max_message_bytes} "
                 "(max_body_bytes)",
             )
-        call, chosen = await _off_loop(size, self._read, incoming)  # one trip off the loop, not two
+        call, chosen = await off_loop(size, self._read, incoming)  # one trip off the loop, not two
         result = await self.backend.infer(call.model, call.inputs)
         if result.error is not None:
             raise GrpcError.of(result.error)
         answer_size = sum(
             t.numel() * t.element_size() for t in result.outputs.values() if isinstance(t, torch.Tensor)
         )
-        return await _off_loop(answer_size, _encode, call, chosen, result)
+        return await off_loop(answer_size, _encode, call, chosen, result)
 
     def _read(self, incoming: Incoming) -> tuple[InferCall, list[str]]:
         """The request parsed, its model checked, then its tensors decoded; the call and

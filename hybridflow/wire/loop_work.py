@@ -10,6 +10,12 @@ message's bytes in full.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
 #: Work from which a body is decoded (or an answer encoded) off the event loop.
 OFF_LOOP_BYTES = 256 * 1024
 #: Raw bytes that cost as much as one parsed byte (a copy against a JSON parse).
@@ -24,3 +30,11 @@ def loop_work(parsed_bytes: int, raw_bytes: int = 0) -> int:
 def leaves_loop(work: int) -> bool:
     """Whether work of this size is done in a thread."""
     return work >= OFF_LOOP_BYTES
+
+
+async def off_loop(work: int, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``: in a thread when ``work`` (:func:`loop_work`) leaves the loop, else
+    on it."""
+    if leaves_loop(work):
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)

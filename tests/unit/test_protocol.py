@@ -252,7 +252,6 @@ def test_to_moves_the_batch_and_returns_itself():
     assert data.to("cpu") is data and data.batch.device == torch.device("cpu")
 
 
-
 def test_the_ingress_loads_the_batch_types_before_it_serves():
     # Their first import holds the GIL for a second or more: the replica pays it in its
     # constructor, never with a request's loop waiting. The constructor is given a status

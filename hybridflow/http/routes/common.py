@@ -15,7 +15,7 @@ from hybridflow.http.call_body import CALL_BODIES, parse_call_body
 from hybridflow.http.errors import ApiError
 from hybridflow.http.schemas import ErrorResponse
 from hybridflow.http.settings import IngressSettings
-from hybridflow.wire.loop_work import OFF_LOOP_BYTES, leaves_loop
+from hybridflow.wire.loop_work import OFF_LOOP_BYTES, off_loop
 from hybridflow_client.wire.errors import TooLargeForLoop
 
 T = TypeVar("T")
@@ -68,14 +68,6 @@ def found(answer: T | ControllerError) -> T:
 
 def settings(request: Request) -> IngressSettings:
     return request.app.state.settings
-
-
-async def off_loop(size: int, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)``, in a thread when ``size`` bytes of work (``loop_work``) make it worth
-    leaving the loop."""
-    if leaves_loop(size):
-        return await asyncio.to_thread(fn, *args)
-    return fn(*args)
 
 
 async def encoded(fn: Callable[..., T], *args: Any) -> T:

@@ -13,9 +13,10 @@ from hybridflow.http.auth import require_token
 from hybridflow.http.body import JSON, OCTET_STREAM, media_type, read_body
 from hybridflow.http.errors import ApiError
 from hybridflow.http.oip_models import InferResponse, ModelMetadata, ServerMetadata
-from hybridflow.http.routes.common import backend, errors, found, off_loop, settings
+from hybridflow.http.routes.common import backend, errors, found, settings
 from hybridflow.http.schemas import INFER_BODY_DOC
 from hybridflow.http.settings import ModelRoute
+from hybridflow.wire.loop_work import off_loop
 
 #: Probes: they answer without a token.
 probes = APIRouter(tags=["inference"])
