@@ -2,13 +2,20 @@
 the controllers in the shipped layout) while clients send one kind of call, and the
 samples are summed by the code they were in.
 
-    python -m bench.profile_path [--target add|infer] [--seconds 20] [--clients 4] [--top 40]
+    python -m bench.profile_path [--target add|infer|echo] [--seconds 20] [--clients 4] [--top 40]
+                                 [--all-threads]
 
 ``add``: the floor's call (bench/floor_app.py), an 8-rank ONE_TO_ALL add on the
 ``accumulators`` deployment. ``infer``: a binary OIP request ([8, 2, 4096] FP32) to the
 unbatched ``mlp`` model as ``bench.gpu`` serves it (tp=1, on a GPU where there is one).
+``echo``: the same body to the ``echo`` model (rank 0 of ``test_actor`` sends it back), the
+path of an inference without its forward, so many more requests fit in the same seconds.
 
-Prints, for the replica's busy samples (idle waits on the event loop left out), the share
+Only the thread that holds the GIL is sampled (py-spy's ``--gil``): a thread blocked in
+native code (Ray's core worker loop, a thread waiting on a lock) reads as busy to py-spy
+otherwise, and would hide what the Python code of the path costs; ``--all-threads``
+samples every thread. Prints, for the replica's busy samples (idle waits on the event
+loop left out), the share
 of each part of the path (Serve's replica code, Starlette and FastAPI, the service's
 modules by package, Ray's core) and the functions with the largest own and cumulative
 time; writes the raw samples to bench/results/profile_<target>.txt.
@@ -34,6 +41,7 @@ RESULTS = ROOT / "bench" / "results"
 #: The call the floor app answers (bench/floor_app.py): an 8-rank ONE_TO_ALL add.
 ADD = "/v1/groups/gpu_accumulator_decorator/add"
 INFER = "/v2/models/mlp_unbatched/infer"
+ECHO = "/v2/models/echo/infer"
 
 #: Parts of the path, by the file a frame is in (first match wins).
 PARTS = [
@@ -88,7 +96,17 @@ def target(name: str) -> tuple[ServeProcess, str, bytes, dict[str, str]]:
     from bench.http_figures import BATCH_SHAPE, oip_body
 
     body, headers = oip_body("x", torch.rand(*BATCH_SHAPE), binary_output=True)
+    if name == "echo":
+        return ServeProcess(deployments=["test_actor"]), ECHO, body, headers
     return ServeProcess(config=gpu_serve_config()), INFER, body, headers
+
+
+def py_spy_command(py_spy: str, pid: int, seconds: float, raw: Path, all_threads: bool = False) -> list[str]:
+    """py-spy sampling ``pid`` for ``seconds`` into ``raw`` (one line per stack), without
+    stopping it; only the GIL's holder unless ``all_threads``."""
+    command = [py_spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "250",
+               "--format", "raw", "--output", str(raw), "--nonblocking"]
+    return command if all_threads else [*command, "--gil"]
 
 
 def part_of(frame: str) -> str:
@@ -132,10 +150,11 @@ def summarize(raw: Path, top: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", choices=("add", "infer"), default="add")
+    parser.add_argument("--target", choices=("add", "infer", "echo"), default="add")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--all-threads", action="store_true", help="sample every thread, not only the GIL's holder")
     options = parser.parse_args(argv)
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     proc, path, body, headers = target(options.target)
@@ -146,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError("no ingress replica process found")
         asyncio.run(load(proc.url, path, body, headers, options.clients, 3.0))  # warm
         raw = Path(tempfile.mkdtemp()) / "samples.txt"
-        spy = subprocess.Popen([py_spy, "record", "--pid", str(pids[0]), "--duration", str(int(options.seconds)),
-                                "--rate", "250", "--format", "raw", "--output", str(raw), "--nonblocking"],
+        spy = subprocess.Popen(py_spy_command(py_spy, pids[0], options.seconds, raw, options.all_threads),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)
         calls = asyncio.run(load(proc.url, path, body, headers, options.clients, options.seconds - 2))
