@@ -14,8 +14,9 @@ path of an inference without its forward, so many more requests fit in the same 
 Only the thread that holds the GIL is sampled (py-spy's ``--gil``): a thread blocked in
 native code (Ray's core worker loop, a thread waiting on a lock) reads as busy to py-spy
 otherwise, and would hide what the Python code of the path costs; ``--all-threads``
-samples every thread. Prints, for the replica's busy samples (idle waits on the event
-loop left out), the share
+samples every thread.
+
+Prints, for the replica's busy samples (idle waits on the event loop left out), the share
 of each part of the path (Serve's replica code, Starlette and FastAPI, the service's
 modules by package, Ray's core) and the functions with the largest own and cumulative
 time; writes the raw samples to bench/results/profile_<target>.txt.
