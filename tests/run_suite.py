@@ -4,12 +4,11 @@ each took (printed at the end).
     python -m tests.run_suite [pytest arguments for every run]
 
 Two stages, each a set of chains that run side by side; a chain's runs go one after
-another. The unit layer (no Ray) runs beside the Ray layer's one cluster; then the
-end-to-end layer in two processes: the tests on the session's ``serve run`` (the
-shipped service and the applications that share its cluster), and beside them those
-that start clusters of their own (restarts, and the small service), followed by the
-client distribution's own tests and the Ray tests with a cluster of their own (the
-multi-node check). Every run goes even if another failed; the output of a run beside
+another. Beside the Ray layer's one cluster: the unit layer (no Ray), the client
+distribution's own tests and the Ray tests with a cluster of their own (the multi-node
+check); then the end-to-end layer in two processes: the tests on the session's ``serve
+run`` (the shipped service and the applications that share its cluster), and beside
+them those that start clusters of their own (restarts, and the small service). Every run goes even if another failed; the output of a run beside
 another is printed after it; exit status 5 (no test selected, as with a ``-k``) fails
 no run.
 """
@@ -46,15 +45,17 @@ class Run:
 STAGES: list[list[list[Run]]] = [
     [
         [Run("ray", ["tests/ray", "-m", "not own_cluster"])],
-        [Run("unit", ["tests/unit"])],
+        # The Ray layer's cluster keeps both cores busy only part of the time (it waits on
+        # actors starting): the shorter chain fills those waits.
+        [Run("unit", ["tests/unit"]),
+         Run("client", ["tests"], cwd=ROOT / "hybridflow-client"),
+         Run("ray, own cluster", ["tests/ray", "-m", "own_cluster"])],
     ],
     [
         [Run("e2e, shared cluster", ["tests/e2e", "-m", "not own_cluster"])],
         # The session's service waits on its groups (rebuilds, health-check periods, timeouts)
-        # after its starts: the shorter chain fills those waits.
-        [Run("e2e, own clusters", ["tests/e2e", "-m", "own_cluster"]),
-         Run("client", ["tests"], cwd=ROOT / "hybridflow-client"),
-         Run("ray, own cluster", ["tests/ray", "-m", "own_cluster"])],
+        # after its starts: the other chain fills those waits.
+        [Run("e2e, own clusters", ["tests/e2e", "-m", "own_cluster"])],
     ],
 ]
 

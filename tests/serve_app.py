@@ -2,39 +2,19 @@
 end-to-end tests that need other settings than ``serve_config.yaml``'s (a token, other
 limits, other groups) share the session service's cluster instead of starting one of
 their own. Each is deployed with ``serve.run(build(args), name=..., route_prefix=...)``
-from a short-lived driver attached to that cluster, answers under ``/<name>`` on the
-same port, and is deleted with ``serve.delete`` after its last test.
+from the driver attached to that cluster (tests/cluster_driver.py), answers under
+``/<name>`` on the same port, and is deleted with ``serve.delete`` after its last test.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from typing import Any
 
 import yaml
 
-from tests.serve_process import CONFIG, ROOT, ServeProcess, answers_200
-
-DEPLOY = """
-import json, sys
-import ray
-from ray import serve
-from hybridflow.serve.application import build
-name, args = sys.argv[2], json.loads(sys.argv[3])
-ray.init(address=sys.argv[1], logging_level="ERROR")
-serve.run(build(args), name=name, route_prefix="/" + name, blocking=False)
-"""
-
-DELETE = """
-import sys
-import ray
-from ray import serve
-ray.init(address=sys.argv[1], logging_level="ERROR")
-serve.delete(sys.argv[2])
-"""
+from tests.cluster_driver import ClusterDriver
+from tests.serve_process import CONFIG, ServeProcess, answers_200
 
 
 def shipped_args() -> dict[str, Any]:
@@ -63,16 +43,13 @@ class ServeApp:
     def gcs_address(self) -> str:
         return self.host.gcs_address()
 
-    def _driver(self, script: str, *argv: str, timeout_s: float = 300) -> None:
-        done = subprocess.run([sys.executable, "-c", script, self.gcs_address(), *argv], cwd=ROOT, env=self.host.env,
-                              capture_output=True, text=True, timeout=timeout_s)
-        if done.returncode != 0:
-            raise RuntimeError(f"{self.name}: {done.stderr[-3000:]}")
+    def driver(self) -> ClusterDriver:
+        return self.host.driver()
 
     def deploy(self) -> ServeApp:
         """Deploy it (not waiting for its groups: :meth:`wait_ready`)."""
         if not self.deployed:
-            self._driver(DEPLOY, self.name, json.dumps(self.args))
+            self.host.driver().request("deploy", self.name, self.args)
             self.deployed = True
         return self
 
@@ -91,4 +68,4 @@ class ServeApp:
         """Delete the application (its replicas, and with them its workers)."""
         if self.deployed and self.host.proc is not None and self.host.proc.poll() is None:
             self.deployed = False
-            self._driver(DELETE, self.name)
+            self.host.driver().request("delete", self.name)

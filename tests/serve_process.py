@@ -24,6 +24,7 @@ import yaml
 
 from hybridflow.config.environment import setting
 from single_controller.rendezvous import RENDEZVOUS_PORT_LOW
+from tests.cluster_driver import ClusterDriver
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "serve_config.yaml"
@@ -180,6 +181,7 @@ class ServeProcess:
             self.env["HYBRIDFLOW_STATE_PATH"] = location if "://" in location else os.path.abspath(location)
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         self.proc: subprocess.Popen | None = None
+        self._driver: ClusterDriver | None = None
         self._log_start = 0
         self._interrupted = False
 
@@ -244,6 +246,7 @@ class ServeProcess:
     def launch(self, fresh: bool | None = None) -> ServeProcess:
         """Start ``serve run`` without waiting for it (``wait_ready`` waits)."""
         fresh = self.fresh if fresh is None else fresh
+        self._close_driver()  # attached to the cluster of an earlier launch
         if fresh:
             self.env["HYBRIDFLOW_STATE_FRESH"] = "1"
         else:
@@ -325,6 +328,18 @@ class ServeProcess:
         raylet's command line), for tests that reach its actors with Ray's API."""
         return self._raylet_arg(b"--gcs-address")
 
+    def driver(self) -> ClusterDriver:
+        """The Ray driver attached to this ``serve run``'s cluster (tests/cluster_driver.py),
+        started on first use and kept until the run stops."""
+        if self._driver is None or not self._driver.alive:
+            self._driver = ClusterDriver(self.gcs_address(), self.env)
+        return self._driver
+
+    def _close_driver(self) -> None:
+        if self._driver is not None:
+            self._driver.close()
+            self._driver = None
+
     def session_dir(self) -> Path:
         """This ``serve run``'s Ray session directory (its logs are under ``logs/``)."""
         return Path(self._raylet_arg(b"--session_dir"))
@@ -345,6 +360,7 @@ class ServeProcess:
         """SIGKILL every process of this ``serve run``'s session (its Ray cluster included),
         without the shutdown Ctrl-C runs: for a test's teardown, where nothing after it reads
         the service and its graceful stop would only cost time."""
+        self._close_driver()
         if self.proc is not None:
             for pid in self.processes():  # serve run's own and its cluster's, even after serve run exited
                 try:
@@ -355,6 +371,7 @@ class ServeProcess:
         self._forget_config()
 
     def stop(self) -> None:
+        self._close_driver()
         if self.proc is not None and self.proc.poll() is None:
             self.begin_stop()  # once: a second Ctrl-C would cut the shutdown short
             try:

@@ -1,53 +1,34 @@
-"""Reaching a ``serve run``'s own Ray cluster from a test: with Ray's API in a subprocess
-(the test process may hold a Ray cluster of its own), and its metrics as Prometheus
-scrapes them from every node's metrics endpoint."""
+"""Reaching a ``serve run``'s own Ray cluster from a test: with Ray's API through the
+driver attached to it (tests/cluster_driver.py: the test process may hold a Ray cluster
+of its own), and its metrics as Prometheus scrapes them from every node's metrics
+endpoint."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.serve_app import ServeApp
 from tests.serve_process import ServeProcess
 
-KILL = """
-import sys, ray
-ray.init(address=sys.argv[1], namespace=sys.argv[2], logging_level="ERROR")
-ray.kill(ray.get_actor(sys.argv[3], namespace=sys.argv[2]), no_restart=True)
-"""
 
-KILL_REPLICA = """
-import sys, ray
-ray.init(address=sys.argv[1], logging_level="ERROR")
-names = [a for a in ray.util.list_named_actors(all_namespaces=True)
-         if a["name"].startswith("SERVE_REPLICA::" + sys.argv[3] + "#" + sys.argv[2] + "#")]
-assert len(names) == 1, names
-ray.kill(ray.get_actor(names[0]["name"], namespace=names[0]["namespace"]), no_restart=True)
-print(names[0]["name"])
-"""
-
-METRICS_ENDPOINTS = """
-import json, sys, ray
-ray.init(address=sys.argv[1], logging_level="ERROR")
-print(json.dumps([f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics" for n in ray.nodes() if n["Alive"]]))
-"""
-
-
-def kill_actor(service: ServeProcess, namespace: str, name: str) -> None:
+def kill_actor(service: ServeProcess | ServeApp, namespace: str, name: str) -> None:
     """Kill a named actor of the service's cluster (a worker, as a crash would)."""
-    subprocess.run([sys.executable, "-c", KILL, service.gcs_address(), namespace, name], check=True, timeout=120)
+    service.driver().request("kill", namespace, name)
 
 
-def kill_replica(service: ServeProcess, deployment: str) -> str:
+def kill_replica(service: ServeProcess | ServeApp, deployment: str) -> str:
     """Kill the one Serve replica of ``deployment`` (as a crash would); its actor name."""
-    killed = subprocess.run([sys.executable, "-c", KILL_REPLICA, service.gcs_address(), deployment, service.app_name],
-                            check=True, timeout=120, capture_output=True, text=True)
-    return killed.stdout.strip().splitlines()[-1]
+    return service.driver().request("kill_replica", service.app_name, deployment)
+
+
+def replicas(service: ServeProcess | ServeApp, deployment: str | None = None) -> list[str]:
+    """The actor names of Serve's replicas of the service's application (of one deployment
+    if named), from Ray's actor list."""
+    return service.driver().request("replicas", service.app_name, deployment)
 
 
 def wait_until_noticed(client: httpx.Client, group: str, probe: str, rebuilds: int, timeout_s: float = 30) -> bool:
@@ -77,11 +58,9 @@ def wait_until_ready(client: httpx.Client, groups: list[str], timeout_s: float =
     raise AssertionError(f"{groups} were not ready again within {timeout_s:g} s")
 
 
-def metrics_endpoints(service: ServeProcess) -> list[str]:
+def metrics_endpoints(service: ServeProcess | ServeApp) -> list[str]:
     """Every live node's Prometheus endpoint (``MetricsExportPort`` in ``ray.nodes()``)."""
-    done = subprocess.run([sys.executable, "-c", METRICS_ENDPOINTS, service.gcs_address()],
-                          capture_output=True, text=True, check=True, timeout=120)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return service.driver().request("metrics_endpoints")
 
 
 #: The Serve application whose metrics the tests read (serve_config.yaml's): the session's

@@ -7,30 +7,16 @@ give the tutorial's numbers, and Ray's own actor list shows the layout."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections import Counter
 
+from tests.e2e.cluster import replicas as cluster_replicas
 from tests.e2e.jobs import wait_for_job
-
-#: Serve's replica actors are named ``SERVE_REPLICA::<app>#<deployment>#<id>``.
-REPLICAS = """
-import json, sys, ray
-ray.init(address=sys.argv[1], logging_level="ERROR")
-from ray.util import list_named_actors
-prefix = "SERVE_REPLICA::" + sys.argv[2] + "#"
-names = [a["name"] for a in list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
-print(json.dumps([n.split("#")[1] for n in names if n.count("#") == 2]))
-"""
 
 
 def replicas(proc) -> Counter:
-    """Replicas per deployment of a running application, read from Ray's actor list."""
-    listed = subprocess.run([sys.executable, "-c", REPLICAS, proc.gcs_address(), proc.app_name], capture_output=True,
-                            text=True, timeout=120)
-    assert listed.returncode == 0, listed.stderr[-2000:]
-    return Counter(json.loads(listed.stdout.strip().splitlines()[-1]))
+    """Replicas per deployment of a running application, read from Ray's actor list (Serve
+    names them ``SERVE_REPLICA::<app>#<deployment>#<id>``)."""
+    return Counter(name.split("#")[1] for name in cluster_replicas(proc))
 
 
 def values(http, group):

@@ -6,32 +6,15 @@ neither make the group rebuild nor the replica restart."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
+from tests.e2e.cluster import replicas
 from tests.e2e.conftest import SMALL_HEALTH_CHECK_TIMEOUT_S
 
 pytestmark = pytest.mark.own_cluster  # the small service: serve run in a cluster of its own
-
-#: Serve's replica actors of one application's deployment, from Ray's actor list.
-REPLICAS = """
-import sys, ray
-ray.init(address=sys.argv[1], logging_level="ERROR")
-from ray.util import list_named_actors
-prefix = "SERVE_REPLICA::" + sys.argv[3] + "#" + sys.argv[2] + "#"
-print(sorted(a["name"] for a in list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)))
-"""
-
-
-def replicas(app, deployment: str) -> str:
-    done = subprocess.run([sys.executable, "-c", REPLICAS, app.gcs_address(), deployment, app.app_name],
-                          capture_output=True, text=True, timeout=120, check=True)
-    return done.stdout.strip().splitlines()[-1]
-
 
 @pytest.fixture(scope="module")
 def http(small_service):
