@@ -1,7 +1,8 @@
 """Restarts of the service with durable state, end to end, under load from 4 clients: (1)
 the replica that hosts the ``accumulators`` controller (the ingress, in the shipped
-layout) is killed with Ray's API, with a Redis server the test starts as the store, and
-(2) ``serve run`` is stopped with SIGINT and started again, on SQLite. Calls answer 503
+layout) is killed with Ray's API, with a Redis server the test starts as the store (an
+application in the small service's cluster: no cluster restarts), and (2) ``serve run``
+is stopped with SIGINT and started again, on SQLite. Calls answer 503
 with Retry-After while the controller comes back, and afterwards every rank holds exactly
 its start value plus the acknowledged adds. A job that finished before (1) still answers
 its status and result (the ``jobs`` deployment keeps jobs in memory, outside the ingress:
@@ -16,8 +17,8 @@ reaching the client (in doubt), and the retry resolves it (the first answer if i
 recorded, applied now if not), so "acknowledged" is exact.
 
 The service is the tutorial's ``accumulators`` deployment cut to two groups (the plain
-actor and a pool of 2) so that the four starts stay short; the full deployment's restore
-is the same code.
+actor and a pool of 2) so that the starts stay short; the full deployment's restore is the
+same code.
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ from collections import Counter
 
 import httpx
 import pytest
-import yaml
 
 from tests.e2e.cluster import kill_replica
 from tests.e2e.jobs import wait_for_job
 from tests.redis_server import start_redis
-from tests.serve_process import CONFIG, ServeProcess
+from tests.serve_app import ServeApp, shipped_args
+from tests.serve_process import ServeProcess
 
 pytestmark = pytest.mark.own_cluster  # serve run is stopped and started again
 
@@ -43,8 +44,7 @@ ADDS = {"accumulator": {"args": [1]}, "gpu_accumulator": {"kwargs": {"x": [1, 2]
 STEP = {"accumulator": [1], "gpu_accumulator": [1, 2]}
 
 def _accumulators(gpu_ranks: int = 2) -> dict:
-    args = yaml.safe_load(CONFIG.read_text())["applications"][0]["args"]
-    (deployment,) = [d for d in args["deployments"] if d["name"] == "accumulators"]
+    (deployment,) = [d for d in shipped_args()["deployments"] if d["name"] == "accumulators"]
     groups = [g for g in deployment["groups"] if g["name"] in GROUPS]
     for group in groups:
         if group["name"] == "gpu_accumulator":
@@ -52,20 +52,30 @@ def _accumulators(gpu_ranks: int = 2) -> dict:
     return {**deployment, "groups": groups}
 
 
-@pytest.fixture(scope="module", params=["sqlite", "redis"])
-def restartable(request, tmp_path_factory):
-    directory = tmp_path_factory.mktemp(f"state-{request.param}")
-    if request.param == "sqlite":
-        location = directory / "state.db"
-    else:
-        server = start_redis(directory)
-        request.addfinalizer(server.stop)
-        location = server.url
+@pytest.fixture(scope="module")
+def restartable(tmp_path_factory):
+    """``serve run`` of its own, its state in a SQLite file (``.state_location``)."""
+    location = tmp_path_factory.mktemp("state-sqlite") / "state.db"
     proc = ServeProcess(overrides={"deployments": [_accumulators()]}, state_path=location)
     proc.start()
     proc.state_location = location
     yield proc
     proc.kill()
+
+
+@pytest.fixture(scope="module")
+def on_redis(small_service, tmp_path_factory):
+    """The accumulators as another application in the small service's cluster (a replica's
+    death restarts no cluster), their state on a Redis server the test starts."""
+    server = start_redis(tmp_path_factory.mktemp("state-redis"))
+    args = shipped_args()
+    app = ServeApp(small_service, "restarts",
+                   {**args, "deployments": [_accumulators()], "state": {**args["state"], "path": server.url}})
+    try:
+        yield app.start()
+    finally:
+        app.kill()
+        server.stop()
 
 
 def finished_job(client: httpx.Client, key: str | None = None) -> tuple[str, list]:
@@ -164,18 +174,17 @@ class Load:
 
 # On Redis: the store that outlives the service (the SIGINT restart below restores from
 # SQLite; the store's contract is checked on both backends in tests/unit/test_state_store.py).
-@pytest.mark.parametrize("restartable", ["redis"], indirect=True)
-def test_killed_controller_replica_comes_back_with_every_acknowledged_add(restartable):
+def test_killed_controller_replica_comes_back_with_every_acknowledged_add(on_redis):
     # The shipped layout: the controllers live in the one ingress replica, so that is the
     # replica whose death loses them; while Serve restarts it, its proxy answers 5xx itself.
-    with httpx.Client(base_url=restartable.url, timeout=60) as client:
+    with httpx.Client(base_url=on_redis.url, timeout=60) as client:
         job_id, answer = finished_job(client)
         start = values(client)
-        with Load(restartable.url) as load:
+        with Load(on_redis.url) as load:
             time.sleep(2)
-            assert kill_replica(restartable, "ingress").startswith("SERVE_REPLICA::")
+            assert kill_replica(on_redis, "ingress").startswith("SERVE_REPLICA::")
             time.sleep(2)
-            restartable.wait_ready(timeout_s=180)  # /readyz again, after Serve restarted the replica
+            on_redis.wait_ready(timeout_s=180)  # /readyz again, after Serve restarted the replica
             time.sleep(1)  # some load on the restored groups
         assert sum(n for status, n in load.statuses.items() if status != 200) > 0, load.statuses
         assert all(status == 200 or str(status).startswith("serve ") or status == "no answer"
@@ -187,7 +196,6 @@ def test_killed_controller_replica_comes_back_with_every_acknowledged_add(restar
 
 
 # On SQLite: the store that lives in a file of serve run's own.
-@pytest.mark.parametrize("restartable", ["sqlite"], indirect=True)
 def test_serve_run_stopped_with_sigint_and_started_again_restores_every_group(restartable):
     with httpx.Client(base_url=restartable.url, timeout=60) as client:
         _, answer = finished_job(client, key="a-job-before-the-restart")
@@ -208,7 +216,6 @@ def test_serve_run_stopped_with_sigint_and_started_again_restores_every_group(re
 
 # On SQLite only: the controller refuses before anything backend-specific happens (the
 # stored metadata is compared on every backend in tests/unit/test_state_store.py).
-@pytest.mark.parametrize("restartable", ["sqlite"], indirect=True)
 def test_a_group_whose_world_size_changed_is_refused_at_start_naming_it_and_the_fix(restartable):
     restartable.kill()  # the changed start reads what the store holds
     changed = ServeProcess(overrides={"deployments": [_accumulators(gpu_ranks=1)]}, fresh=False,
