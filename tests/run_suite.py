@@ -8,13 +8,15 @@ another. Beside the Ray layer's one cluster: the unit layer (no Ray), the client
 distribution's own tests and the Ray tests with a cluster of their own (the multi-node
 check); then the end-to-end layer in two processes: the tests on the session's ``serve
 run`` (the shipped service and the applications that share its cluster), and beside
-them those that start clusters of their own (restarts, and the small service). Every run goes even if another failed; the output of a run beside
-another is printed after it; exit status 5 (no test selected, as with a ``-k``) fails
-no run.
+them those that start clusters of their own (restarts, and the small service). Every
+run goes even if another failed; the output of a run beside another is printed after
+it; exit status 5 (no test selected, as with a ``-k``) fails no run. At the end: each
+layer's time, and each stage's time with the machine's CPU seconds in it.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -60,6 +62,23 @@ STAGES: list[list[list[Run]]] = [
 ]
 
 
+def busy_seconds(stat_line: str, ticks_per_second: int) -> float:
+    """CPU seconds the machine spent busy since boot, from the ``cpu`` line of
+    ``/proc/stat`` (user, nice, system, irq, softirq, steal; idle and iowait are not busy)."""
+    fields = [int(field) for field in stat_line.split()[1:9]]
+    idle, iowait = fields[3], fields[4]
+    return (sum(fields) - idle - iowait) / ticks_per_second
+
+
+def machine_busy_seconds() -> float | None:
+    """:func:`busy_seconds` now (None where there is no ``/proc/stat``)."""
+    try:
+        with open("/proc/stat") as stat:
+            return busy_seconds(stat.readline(), os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError):
+        return None
+
+
 def _run_chain(runs: list[Run], extra: list[str], log: Path | None) -> None:
     """The chain's pytest runs one after another, their output to ``log`` (None: to this
     terminal)."""
@@ -87,13 +106,22 @@ def stage(chains: list[list[Run]], extra: list[str]) -> None:
 
 def main(argv: list[str]) -> int:
     started = time.monotonic()
+    # Each stage's CPU, the whole machine's (the stages run alone on it): the suite is bound
+    # by its CPU work where the busy share is near 100%, and a slower machine shows here.
+    stage_use: list[tuple[float, float | None]] = []
     for chains in STAGES:
+        began, busy = time.monotonic(), machine_busy_seconds()
         stage(chains, argv)
+        after = machine_busy_seconds()
+        stage_use.append((time.monotonic() - began, None if busy is None or after is None else after - busy))
     runs = [run for chains in STAGES for chain in chains for run in chain]
     print("--- the suite's layers:")
     for run in runs:
         verdict = "passed" if run.passed else f"FAILED (exit {run.status})"
         print(f"{run.name:22s} {run.seconds:6.0f} s  {verdict}")
+    for number, (seconds, cpu) in enumerate(stage_use, start=1):
+        used = "" if cpu is None else f"  {cpu:6.0f} CPU-s, {100 * cpu / seconds / (os.cpu_count() or 1):3.0f}% of {os.cpu_count()} cores"
+        print(f"{f'stage {number}':22s} {seconds:6.0f} s{used}")
     print(f"{'total':22s} {time.monotonic() - started:6.0f} s")
     return 0 if all(run.passed for run in runs) else 1
 
