@@ -122,6 +122,9 @@ TEST_RUN_ENV = {
 
 #: What a ``serve run`` that failed to start printed, where starting it again helps.
 RETRIED_START_FAILURES = ("Failed to bind to address", "The current node timed out during startup")
+#: Of those, what ends the start even while ``serve run`` has not exited: on a loaded
+#: machine it can print ray.init's failure and then hang in Ray's shutdown.
+FATAL_START_FAILURES = ("The current node timed out during startup",)
 
 
 def answers_200(url: str) -> bool:
@@ -281,6 +284,9 @@ class ServeProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"serve run exited with {self.proc.returncode}:\n{self.tail()}")
+            if any(failure in self.output() for failure in FATAL_START_FAILURES):
+                self.kill()
+                raise RuntimeError(f"serve run failed to start:\n{self.tail()}")
             refused = self._refusal()
             if refused:
                 self.kill()
