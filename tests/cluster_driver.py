@@ -79,7 +79,6 @@ class ClusterDriver:
     """The driver subprocess of the cluster at ``gcs_address`` (started at once)."""
 
     def __init__(self, gcs_address: str, env: dict[str, str]) -> None:
-        self.gcs_address = gcs_address
         self.proc = subprocess.Popen([sys.executable, "-c", DRIVER, gcs_address, ANSWER], cwd=ROOT, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, bufsize=1)

@@ -49,7 +49,7 @@ class ServeApp:
     def deploy(self) -> ServeApp:
         """Deploy it (not waiting for its groups: :meth:`wait_ready`)."""
         if not self.deployed:
-            self.host.driver().request("deploy", self.name, self.args)
+            self.driver().request("deploy", self.name, self.args)
             self.deployed = True
         return self
 
@@ -68,4 +68,4 @@ class ServeApp:
         """Delete the application (its replicas, and with them its workers)."""
         if self.deployed and self.host.proc is not None and self.host.proc.poll() is None:
             self.deployed = False
-            self.host.driver().request("delete", self.name)
+            self.driver().request("delete", self.name)

@@ -284,10 +284,11 @@ class ServeProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"serve run exited with {self.proc.returncode}:\n{self.tail()}")
-            if any(failure in self.output() for failure in FATAL_START_FAILURES):
+            said = self.output()
+            if any(failure in said for failure in FATAL_START_FAILURES):
                 self.kill()
                 raise RuntimeError(f"serve run failed to start:\n{self.tail()}")
-            refused = self._refusal()
+            refused = self._refusal(said)
             if refused:
                 self.kill()
                 raise RuntimeError(f"serve run refused to start: {refused}")
@@ -297,11 +298,11 @@ class ServeProcess:
         self.kill()
         raise TimeoutError(f"service not ready within {timeout_s:g} s:\n{self.tail()}")
 
-    def _refusal(self) -> str | None:
-        """Why this start was refused, if its output says: a config the build refused
+    def _refusal(self, said: str) -> str | None:
+        """Why this start was refused, if its output ``said`` says: a config the build refused
         (``ConfigError``), or stored state that no longer fits a group
         (``StateMismatchError``)."""
-        lines = self.output().splitlines()
+        lines = said.splitlines()
         for index, line in enumerate(lines):
             for refusal in ("ConfigError: ", "StateMismatchError: "):
                 if refusal in line:  # a config's problems follow on lines of their own
