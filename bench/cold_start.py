@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from bench.machine_cpu import machine_cpu
 from tests.serve_process import CONFIG, ServeProcess
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -232,13 +233,6 @@ def _totals(pairs: Iterable[tuple[str, float]]) -> dict[str, float]:
     return dict(totals)
 
 
-def machine_busy() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine so far (every session's work)."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = fields[3] + fields[4]
-    return (sum(fields) - idle) / TICKS, sum(fields) / TICKS
-
-
 #: Figure names of the kinds, the workers' three kinds counted as one (a rank's process is
 #: a starting worker, then an idle one, then the rank).
 FIGURE_OF_KIND = {RAY: "ray", SERVE: "serve", REPLICAS: "replicas", WORKERS: "workers", IDLE: "workers",
@@ -270,14 +264,14 @@ class Measured(NamedTuple):
 
 
 def _busy_since(busy0: float, total0: float) -> float:
-    busy1, total1 = machine_busy()
+    busy1, total1 = machine_cpu()
     return (busy1 - busy0) / max(total1 - total0, 1e-9)
 
 
 def measured_start(proc: ServeProcess, timeout_s: float = 900, ready_path: str = "/readyz") -> Measured:
     """Starts ``proc`` (a ``serve run`` in a session of its own) and waits until
     ``ready_path`` answers, sampling the session's processes meanwhile."""
-    busy0, total0 = machine_busy()
+    busy0, total0 = machine_cpu()
     start = time.perf_counter()
     failed: list[BaseException] = []
     done = threading.Event()
@@ -306,7 +300,7 @@ def measured_start(proc: ServeProcess, timeout_s: float = 900, ready_path: str =
 def measured_run(argv: list[str], cwd: Path, timeout_s: float) -> tuple[Measured, str]:
     """Runs ``argv`` to its end in a session of its own, sampling the session's processes
     (the ones it starts, Ray's included); its measure and its standard output."""
-    busy0, total0 = machine_busy()
+    busy0, total0 = machine_cpu()
     start = time.perf_counter()
     child = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True)

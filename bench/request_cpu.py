@@ -22,8 +22,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bench.cold_start import command_lines, machine_busy, role_of, title_of
+from bench.cold_start import command_lines, role_of, title_of
 from bench.load_generator import Load, LoadResult, run_load
+from bench.machine_cpu import machine_cpu
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ def read(sessions: Iterable[int], rank_classes: tuple[str, ...] = ()) -> Reading
         for pid, (cmdline, cpu) in command_lines(session).items():
             if cmdline:  # an exiting process reads empty: its last reading stands
                 processes[pid] = (role_of(cmdline, rank_classes), title_of(cmdline), cpu)
-    busy, _ = machine_busy()
+    busy, _ = machine_cpu()
     return Reading(time.perf_counter(), busy, processes)
 
 

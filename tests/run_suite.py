@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.machine_cpu import machine_cpu
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
 #: pytest's "no tests collected": a selection that leaves a run empty is no failure.
@@ -62,19 +64,10 @@ STAGES: list[list[list[Run]]] = [
 ]
 
 
-def busy_seconds(stat_line: str, ticks_per_second: int) -> float:
-    """CPU seconds the machine spent busy since boot, from the ``cpu`` line of
-    ``/proc/stat`` (user, nice, system, irq, softirq, steal; idle and iowait are not busy)."""
-    fields = [int(field) for field in stat_line.split()[1:9]]
-    idle, iowait = fields[3], fields[4]
-    return (sum(fields) - idle - iowait) / ticks_per_second
-
-
 def machine_busy_seconds() -> float | None:
-    """:func:`busy_seconds` now (None where there is no ``/proc/stat``)."""
+    """The machine's busy CPU seconds since boot (None where there is no ``/proc/stat``)."""
     try:
-        with open("/proc/stat") as stat:
-            return busy_seconds(stat.readline(), os.sysconf("SC_CLK_TCK"))
+        return machine_cpu()[0]
     except (OSError, ValueError):
         return None
 
