@@ -15,7 +15,8 @@ from tensordict import TensorDict
 from single_controller import DataProtoFuture
 from single_controller.base.decorator import Dispatch, register
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool
-from tests.ray.test_worker_group import LayoutGroup, ModeWorker
+from tests.ray.mode_workers import ModeWorker
+from tests.ray.test_worker_group import LayoutGroup
 
 
 def shifted(batch: TensorDict, rank: int) -> TensorDict:

@@ -3,7 +3,6 @@ errors, futures, ordering under concurrent callers, and failing fast on pools.""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -16,9 +15,7 @@ from tensordict import TensorDict
 from single_controller import DataProtoFuture
 from single_controller.base import Worker
 from single_controller.base.decorator import (
-    Dispatch,
     DispatchError,
-    Execute,
     register,
     register_dispatch_mode,
 )
@@ -28,110 +25,8 @@ from single_controller.ray import (
     RayWorkerGroup,
     ResourceUnavailableError,
 )
-
-
-@ray.remote
-class ModeWorker(Worker):
-    """Answers every dispatch mode with what its rank saw. Batches are answered in their own
-    class (a TensorDict), never named here: a rank that gets no batch never loads tensordict."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.history: list = []
-
-    def echo(self, x=None):
-        return (self.rank, x)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def one_to_all(self, x):
-        return (self.rank, x)
-
-    @register(Dispatch.ALL_TO_ALL)
-    def all_to_all(self, x):
-        return (self.rank, x)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def scale_in_place(self, x):
-        return x.mul_(self.rank + 1)
-
-    def views_of_one_storage(self):
-        whole = torch.arange(8.0) + self.rank
-        return whole, whole[2:5], os.environ.get("HYBRIDFLOW_TENSORS_OUT_OF_BAND")
-
-    @register(Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
-    def rank_zero(self, x):
-        return (self.rank, x)
-
-    @register(Dispatch.DP_COMPUTE)
-    def dp_compute(self, x):
-        return (self.rank, x)
-
-    @register(Dispatch.DP_COMPUTE_PROTO)
-    def dp_proto(self, batch):
-        return type(batch)({"x": batch["x"] * 10, "rank": torch.full((batch.batch_size[0],), self.rank)},
-                          batch_size=batch.batch_size)
-
-    @register(Dispatch.DP_COMPUTE_PROTO, blocking=False)
-    def dp_proto_async(self, batch):
-        return type(batch)({"x": batch["x"] + 1}, batch_size=batch.batch_size)
-
-    @register(Dispatch.MEGATRON_COMPUTE)
-    def megatron_compute(self, x):
-        return (self.rank, x)
-
-    @register(Dispatch.MEGATRON_COMPUTE_PROTO)
-    def megatron_proto(self, batch):
-        return type(batch)({"x": batch["x"] * 2}, batch_size=batch.batch_size)
-
-    @register(Dispatch.MEGATRON_PP_AS_DP)
-    def pp_as_dp(self, x):
-        return (self.rank, x)
-
-    @register(Dispatch.MEGATRON_PP_ONLY)
-    def pp_only(self, x):
-        return (self.rank, x)
-
-    @register(Dispatch.ALL_MICRO_DP)
-    def micro_dp(self, batch):
-        return type(batch)({"x": batch["x"] - 1}, batch_size=batch.batch_size)
-
-    @register(Dispatch.ONE_TO_ALL, blocking=False)
-    def one_to_all_async(self, x):
-        return self.rank + x
-
-    @register(Dispatch.ONE_TO_ALL)
-    def append(self, item):
-        self.history.append(item)
-        return len(self.history)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def get_history(self):
-        return list(self.history)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def size_of(self, t):
-        return int(t.numel())
-
-    def device_if_node_has_gpu(self):
-        """get_device_name() and get_dist_backend() as they would answer on a GPU node (this
-        CPU machine's torch made to report a visible GPU, for the call only)."""
-        from unittest import mock
-
-        from single_controller.device import get_device_name, get_dist_backend
-
-        with mock.patch.object(torch.cuda, "is_available", return_value=True):
-            return get_device_name(), get_dist_backend()
-
-    def all_reduce_rank(self):
-        import torch.distributed as dist
-
-        from single_controller.device import get_dist_backend
-
-        if not dist.is_initialized():
-            dist.init_process_group(backend=get_dist_backend(), init_method="env://")
-        t = torch.tensor([float(self.rank + 1)])
-        dist.all_reduce(t)
-        return t.item()
+from tests.ray.mode_workers import ModeWorker
+from tests.ray.pool_workers import InitEnvReader, PlainEnvReader
 
 
 @dataclass
@@ -325,34 +220,11 @@ def test_only_ranks_given_a_gpu_pick_cuda_and_nccl(ray_cluster):
         gpu_pool.remove()
 
 
-RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "WG_BACKEND")
-
-
-@ray.remote(max_concurrency=3)
-class EnvReader(Worker):
-    def __init__(self, tag):
-        super().__init__()
-        self.in_init = (tag, self.rank, {k: os.environ.get(k) for k in RANK_VARIABLES})
-
-    def seen(self):
-        return self.in_init, ray.get_runtime_context().get_runtime_env_string()
-
-
-class PlainEnvReader:
-    """Not a Worker: it reads the rank's variables from the environment alone."""
-
-    def __init__(self):
-        self.rank = int(os.environ["RANK"])
-
-    def seen(self):
-        return self.rank
-
-
 def test_each_rank_sees_its_variables_in_init_without_a_runtime_env(ray_cluster):
     """The rank's variables reach os.environ before the class's __init__ runs, through the
     constructor rather than a runtime_env (whose setup_worker start costs each rank)."""
     pool = RayResourcePool([2], use_gpu=False, name_prefix="rank_env")
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(EnvReader, tag="t"))
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(InitEnvReader, tag="t"))
     plain = RayWorkerGroup(pool, RayClassWithInitArgs(PlainEnvReader))
     try:
         seen = group.execute_all_sync("seen")
