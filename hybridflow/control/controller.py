@@ -38,6 +38,7 @@ from hybridflow.control.contract import (
 )
 from hybridflow.control.durability import GroupDurability, PendingRecord, fresh_token
 from hybridflow.control.events import EventBus
+from hybridflow.control.group_state import CHECKING
 from hybridflow.control.models import ModelServer
 from hybridflow.control.placement import DeploymentPlan
 from hybridflow.control.submissions import large
@@ -359,7 +360,7 @@ class GroupController:
         if why is None and state.unit is not None and state.unit.halted:
             # retrying does not help until an operator acts: no Retry-After
             return _error(ErrorKind.UNAVAILABLE, f"group {state.name!r} is failed: {state.unit.last_error}")
-        status = "checking its workers" if state.unit is not None and state.unit.examining else state.status
+        status = "checking its workers" if state.reported_status == CHECKING else state.status
         message = why or f"group {state.name!r} is {status}"
         return _error(ErrorKind.UNAVAILABLE, f"{message}; retry shortly", RETRY_AFTER_S)
 
@@ -416,7 +417,7 @@ class GroupController:
             world_size=group.world_size if group is not None else None,
             resource_pool=state.resource_pool,
             worker_class=state.worker_class,
-            status=state.status,
+            status=state.reported_status,
             last_error=state.unit.last_error if state.unit else None,
             rebuilds=state.unit.rebuilds if state.unit else 0,
             restarts=state.unit.restarts if state.unit else 0,

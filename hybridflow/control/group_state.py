@@ -35,6 +35,9 @@ from single_controller.ray.graph_channel import GraphClosed
 
 STARTING, READY, REBUILDING, RESTORING, REPLACING, FAILED = (
     "starting", "ready", "rebuilding", "restoring", "replacing", "failed")
+#: What a ready group reads while its ranks are pinged after a call found a worker gone
+#: (its calls answer 503 meanwhile); the next status is ready again or a recovery's.
+CHECKING = "checking"
 #: What a node is called when a rank's is not known (a plain actor's).
 UNKNOWN_NODE = "unknown"
 
@@ -122,6 +125,14 @@ class GroupState:
     @property
     def status(self) -> str:
         return self.unit.status if self.unit else STARTING
+
+    @property
+    def reported_status(self) -> str:
+        """The status a client reads: ``status``, or ``checking`` while a ready group's
+        ranks are looked at after a worker was reported lost."""
+        if self.status == READY and self.unit is not None and self.unit.examining:
+            return CHECKING
+        return self.status
 
     @property
     def serving(self) -> bool:

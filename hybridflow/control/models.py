@@ -40,7 +40,7 @@ class ModelServer:
 
     def ready(self, name: str) -> bool:
         model = self.models.get(name)
-        return model is not None and self.controller.groups[model.group].status == READY
+        return model is not None and self.controller.groups[model.group].serving
 
     def _unknown(self, name: str) -> ControllerError:
         return ControllerError(ErrorKind.UNKNOWN_MODEL, f"unknown model {name!r}; models: {', '.join(self.models)}")

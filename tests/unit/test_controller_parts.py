@@ -245,3 +245,41 @@ def test_every_unit_starts_at_once_however_many_the_loops_default_executor_has()
         if thread.name.startswith("unit-start"):
             thread.join(timeout=10)
     assert not [t for t in threading.enumerate() if t.name.startswith("unit-start")]
+
+
+class _SilentWorker:
+    """A rank whose pings stay unanswered (its future is never set)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.__ray_ready__ = self
+        self.loop = loop
+
+    def remote(self) -> asyncio.Future:
+        return self.loop.create_future()
+
+
+def test_a_ready_group_reads_checking_while_its_ranks_are_pinged_after_a_lost_worker():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        group = type("Group", (), {"workers": [_SilentWorker(loop), _SilentWorker(loop)]})()
+        member = GroupState(config=GroupConfig(name="g", worker="examples.transport_check:TransportCheckActor",
+                                               plain_actor=True),
+                            methods={}, worker_class="TransportCheckActor", resource_pool="pool",
+                            durability=_NothingStored())
+        unit = UnitState(Unit("g", ["g"], lambda: {"g": group}), [member])
+        member.unit = unit
+        supervisor = Supervisor([unit], request_timeout_s=30, health_timeout_s=30)
+        await supervisor.start_all()
+        assert (member.reported_status, member.serving) == ("ready", True)
+
+        supervisor.worker_lost(unit, "a call found a worker gone")
+        await asyncio.sleep(0)  # the examination sends its pings
+        assert (member.status, member.reported_status, member.serving) == ("ready", "checking", False)
+
+        unit.task.cancel()  # no answer comes: end the examination here
+        with pytest.raises(asyncio.CancelledError):
+            await unit.task
+        assert (member.reported_status, member.serving) == ("ready", True)
+        supervisor.shutdown()
+
+    run(scenario())
