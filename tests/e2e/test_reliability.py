@@ -107,8 +107,8 @@ def test_killed_worker_fails_fast_then_group_recovers_with_acknowledged_state(se
         killed_at = time.monotonic()
         recovered_at = None
         while time.monotonic() - killed_at < 60:
-            # While the controller pings the ranks to learn which was lost, the group still
-            # reads ready (its calls answer 503): recovered means restarted (rebuilt), and ready again.
+            # Ready before the kill is noticed, checking while the controller pings the ranks,
+            # then rebuilding: recovered means restarted (rebuilt), and ready again.
             now = http.get("/v1/groups/gpu_accumulator").json()
             if failures and now["status"] == "ready" and now["restarts"] > restarts:
                 recovered_at = time.monotonic()

@@ -219,7 +219,7 @@ def test_after_5000_adds_a_killed_worker_is_replaced_within_10s_from_a_snapshot(
     ray.kill(ray.get_actor(replica.summary()["workers"][1]), no_restart=True)
     killed = time.monotonic()
     assert replica.call("add", ADD).error.kind.value == "unavailable"  # noticed at once
-    # the status says ready until the workers' check that the failed call began has ended
+    # checking (the failed call's ping of the ranks), then rebuilding, then ready
     while (summary := replica.summary())["status"] != "ready" or summary["rebuilds"] < 1:
         assert time.monotonic() - killed < 60, summary
         time.sleep(0.1)
