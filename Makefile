@@ -58,10 +58,10 @@ system-deps:
 	fi
 
 # The layers of the suite, side by side where they can be (tests/run_suite.py says which,
-# and prints each layer's time and each stage's CPU at the end): the unit layer (no Ray),
-# then the client's own tests and the multi-node check, beside the Ray layer's one
-# cluster; then the end-to-end layer: the tests on the session's `serve run` and the
-# applications sharing its cluster, beside those that start clusters of their own. Every
+# and prints each layer's time and each stage's CPU at the end): the Ray layer's one
+# cluster beside the end-to-end tests that start clusters of their own, the client's own
+# tests and the multi-node check; then the end-to-end tests on the session's `serve run`
+# and the applications sharing its cluster, beside the unit layer (no Ray). Every
 # layer runs even if another failed. PYTEST_ARGS goes to every run.
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 test: system-deps $(TEST_STAMP)

@@ -4,14 +4,14 @@ each took (printed at the end).
     python -m tests.run_suite [pytest arguments for every run]
 
 Two stages, each a set of chains that run side by side; a chain's runs go one after
-another. Beside the Ray layer's one cluster: the unit layer (no Ray), the client
-distribution's own tests and the Ray tests with a cluster of their own (the multi-node
-check); then the end-to-end layer in two processes: the tests on the session's ``serve
-run`` (the shipped service and the applications that share its cluster), and beside
-them those that start clusters of their own (restarts, and the small service). Every
-run goes even if another failed; the output of a run beside another is printed after
-it; exit status 5 (no test selected, as with a ``-k``) fails no run. At the end: each
-layer's time, and each stage's time with the machine's CPU seconds in it.
+another. Beside the Ray layer's one cluster: the end-to-end tests that start clusters of
+their own (restarts, and the small service), the client distribution's own tests and the
+Ray tests with a cluster of their own (the multi-node check); then the end-to-end tests on
+the session's ``serve run`` (the shipped service and the applications that share its
+cluster), and beside them the unit layer (no Ray). Every run goes even if another
+failed; the output of a run beside another is printed after it; exit status 5 (no test
+selected, as with a ``-k``) fails no run. At the end: each layer's time, and each stage's
+time with the machine's CPU seconds in it.
 """
 
 from __future__ import annotations
@@ -49,17 +49,18 @@ class Run:
 STAGES: list[list[list[Run]]] = [
     [
         [Run("ray", ["tests/ray", "-m", "not own_cluster"])],
-        # The Ray layer's cluster keeps both cores busy only part of the time (it waits on
-        # actors starting): the shorter chain fills those waits.
-        [Run("unit", ["tests/unit"]),
+        # The Ray layer alone keeps the two cores busy about 80% of the time (it waits on
+        # actors starting): the tests that start small clusters of their own fill its waits.
+        [Run("e2e, own clusters", ["tests/e2e", "-m", "own_cluster"]),
          Run("client", ["tests"], cwd=ROOT / "hybridflow-client"),
          Run("ray, own cluster", ["tests/ray", "-m", "own_cluster"])],
     ],
     [
         [Run("e2e, shared cluster", ["tests/e2e", "-m", "not own_cluster"])],
-        # The session's service waits on its groups (rebuilds, health-check periods, timeouts)
-        # after its starts: the other chain fills those waits.
-        [Run("e2e, own clusters", ["tests/e2e", "-m", "own_cluster"])],
+        # The session's service alone keeps the cores busy about 70% of the time (it waits
+        # on its groups: rebuilds, health-check periods, timeouts): the unit layer, which
+        # starts no cluster, fills those waits.
+        [Run("unit", ["tests/unit"])],
     ],
 ]
 
