@@ -58,11 +58,12 @@ system-deps:
 	fi
 
 # The layers of the suite, side by side where they can be (tests/run_suite.py says which,
-# and prints each layer's time and each stage's CPU at the end): the Ray layer's one
-# cluster beside the end-to-end tests that start clusters of their own, the client's own
-# tests and the multi-node check; then the end-to-end tests on the session's `serve run`
-# and the applications sharing its cluster, beside the unit layer (no Ray). Every
-# layer runs even if another failed. PYTEST_ARGS goes to every run.
+# and prints each layer's time and each stage's CPU at the end): the Ray layer beside the
+# end-to-end tests that start clusters of their own, the client's own tests and the
+# multi-node check; then the end-to-end tests on the session's `serve run` and the
+# applications sharing its cluster, beside the unit layer (no Ray) and the Ray layer's
+# Megatron and weight sync tests, on a cluster of their own. Every layer runs even if
+# another failed. PYTEST_ARGS goes to every run.
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 test: system-deps $(TEST_STAMP)
 	$(VENV)/bin/ruff check .

@@ -4,12 +4,12 @@ each took (printed at the end).
     python -m tests.run_suite [pytest arguments for every run]
 
 Two stages, each a set of chains that run side by side; a chain's runs go one after
-another. Beside the Ray layer's one cluster: the end-to-end tests that start clusters of
+another. Beside the Ray layer's cluster: the end-to-end tests that start clusters of
 their own (restarts, and the small service), the client distribution's own tests and the
 Ray tests with a cluster of their own (the multi-node check); then the end-to-end tests on
 the session's ``serve run`` (the shipped service and the applications that share its
-cluster), and beside them the unit layer (no Ray). Every run goes even if another
-failed; the output of a run beside another is printed after it; exit status 5 (no test
+cluster), and beside them the unit layer (no Ray) and the Ray layer's Megatron and weight
+sync modules, on a cluster of their own. Every run goes even if another failed; the output of a run beside another is printed after it; exit status 5 (no test
 selected, as with a ``-k``) fails no run. At the end: each layer's time, and each stage's
 time with the machine's CPU seconds in it.
 """
@@ -46,9 +46,15 @@ class Run:
         return self.status in (0, NO_TESTS)
 
 
+#: The Ray layer's modules that run in the second stage, on a cluster of their own (the
+#: Megatron groups and weight syncs): the first stage waits on the Ray layer, the second
+#: has cores to spare.
+RAY_SECOND_STAGE = ("tests/ray/test_megatron_group.py", "tests/ray/test_served_weight_sync.py",
+                    "tests/ray/test_weight_sync.py")
+
 STAGES: list[list[list[Run]]] = [
     [
-        [Run("ray", ["tests/ray", "-m", "not own_cluster"])],
+        [Run("ray", ["tests/ray", "-m", "not own_cluster", *(f"--ignore={m}" for m in RAY_SECOND_STAGE)])],
         # The Ray layer alone keeps the two cores busy about 80% of the time (it waits on
         # actors starting): the tests that start small clusters of their own fill its waits.
         [Run("e2e, own clusters", ["tests/e2e", "-m", "own_cluster"]),
@@ -59,8 +65,9 @@ STAGES: list[list[list[Run]]] = [
         [Run("e2e, shared cluster", ["tests/e2e", "-m", "not own_cluster"])],
         # The session's service alone keeps the cores busy about 70% of the time (it waits
         # on its groups: rebuilds, health-check periods, timeouts): the unit layer, which
-        # starts no cluster, fills those waits.
-        [Run("unit", ["tests/unit"])],
+        # starts no cluster, and the rest of the Ray layer fill those waits.
+        [Run("unit", ["tests/unit"]),
+         Run("ray, Megatron and weights", [*RAY_SECOND_STAGE, "-m", "not own_cluster"])],
     ],
 ]
 
