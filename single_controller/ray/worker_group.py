@@ -455,8 +455,12 @@ class RayWorkerGroup(WorkerGroup):
 
     def shutdown(self) -> None:
         """Kill this group's actors (the pool's placement groups stay for other groups),
-        after stopping the aliveness check, which would otherwise take that for a death."""
+        after stopping the aliveness check, which would otherwise take that for a death.
+        Once this process has left Ray (``ray.shutdown()``, as a start still running when
+        its driver ends finds) it does nothing: a Ray call would start a new local cluster."""
         self.stop_worker_aliveness_check()
+        if not ray.is_initialized():
+            return
         try:
             self._teardown_compiled()
         except Exception:  # the graph's actors may be gone already
