@@ -36,7 +36,7 @@ from single_controller.ray.graph_channel import GraphClosed
 STARTING, READY, REBUILDING, RESTORING, REPLACING, FAILED = (
     "starting", "ready", "rebuilding", "restoring", "replacing", "failed")
 #: What a ready group reads while its ranks are pinged after a call found a worker gone
-#: (its calls answer 503 meanwhile); the next status is ready again or a recovery's.
+#: (its calls answer 503 meanwhile); what follows is a recovery's status.
 CHECKING = "checking"
 #: What a node is called when a rank's is not known (a plain actor's).
 UNKNOWN_NODE = "unknown"
