@@ -9,9 +9,10 @@ their own (restarts, and the small service), the client distribution's own tests
 Ray tests with a cluster of their own (the multi-node check); then the end-to-end tests on
 the session's ``serve run`` (the shipped service and the applications that share its
 cluster), and beside them the unit layer (no Ray) and the Ray layer's Megatron and weight
-sync modules, on a cluster of their own. Every run goes even if another failed; the output of a run beside another is printed after it; exit status 5 (no test
-selected, as with a ``-k``) fails no run. At the end: each layer's time, and each stage's
-time with the machine's CPU seconds in it.
+sync modules, on a cluster of their own. Every run goes even if another failed; the
+output of a run beside another is printed after it; exit status 5 (no test selected, as
+with a ``-k``) fails no run. At the end: each layer's time, and each stage's time with the
+machine's CPU seconds in it.
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ class GroupState:
     def serving(self) -> bool:
         """Whether a call may be submitted now: ready, running, and not being looked at
         after a worker was reported lost."""
-        return self.status == READY and self.group is not None and not (self.unit and self.unit.examining)
+        return self.reported_status == READY and self.group is not None
 
 
 @dataclass
