@@ -203,21 +203,22 @@ def test_rendezvous_serves_torch_distributed(ray_cluster):
         pool.remove()
 
 
-def test_only_ranks_given_a_gpu_pick_cuda_and_nccl(ray_cluster):
+@pytest.fixture(scope="module")
+def gpu_groups(ray_cluster):
+    """Two groups of ModeWorker on one pool of 2 GPU bundles."""
+    pool = RayResourcePool([2], use_gpu=True, name_prefix="share")
+    groups = [RayWorkerGroup(pool, RayClassWithInitArgs(cls=ModeWorker)) for _ in range(2)]
+    yield groups
+    for g in groups:
+        g.shutdown()
+    pool.remove()
+
+
+def test_only_ranks_given_a_gpu_pick_cuda_and_nccl(group, gpu_groups):
     """A CPU pool on a GPU node: its actors see the node's GPUs, but Ray gave them none, so
     they stay on cpu/gloo (cuda would put every rank on device 0, which NCCL refuses)."""
-    cpu_pool = RayResourcePool([2], use_gpu=False, name_prefix="cpu_on_gpu_node")
-    gpu_pool = RayResourcePool([2], use_gpu=True, name_prefix="gpu_ranks")
-    on_cpu = RayWorkerGroup(cpu_pool, RayClassWithInitArgs(cls=ModeWorker))
-    on_gpu = RayWorkerGroup(gpu_pool, RayClassWithInitArgs(cls=ModeWorker))
-    try:
-        assert on_cpu.execute_all_sync("device_if_node_has_gpu") == [("cpu", "gloo")] * 2
-        assert on_gpu.execute_all_sync("device_if_node_has_gpu") == [("cuda", "nccl")] * 2
-    finally:
-        on_cpu.shutdown()
-        on_gpu.shutdown()
-        cpu_pool.remove()
-        gpu_pool.remove()
+    assert group.execute_all_sync("device_if_node_has_gpu") == [("cpu", "gloo")] * 4
+    assert gpu_groups[0].execute_all_sync("device_if_node_has_gpu") == [("cuda", "nccl")] * 2
 
 
 def test_each_rank_sees_its_variables_in_init_without_a_runtime_env(ray_cluster):
@@ -242,19 +243,10 @@ def test_each_rank_sees_its_variables_in_init_without_a_runtime_env(ray_cluster)
         pool.remove()
 
 
-def test_groups_on_one_pool_share_its_gpus(ray_cluster):
-    pool = RayResourcePool([2], use_gpu=True, name_prefix="share")
-    a = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ModeWorker))
-    b = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ModeWorker))
-    try:
-        devices_a = a.execute_all_sync("get_cuda_visible_devices")
-        devices_b = b.execute_all_sync("get_cuda_visible_devices")
-        assert devices_a == devices_b
-        assert all(d != "" for d in devices_a) and devices_a[0] != devices_a[1]
-    finally:
-        a.shutdown()
-        b.shutdown()
-        pool.remove()
+def test_groups_on_one_pool_share_its_gpus(gpu_groups):
+    devices_a, devices_b = (g.execute_all_sync("get_cuda_visible_devices") for g in gpu_groups)
+    assert devices_a == devices_b
+    assert all(d != "" for d in devices_a) and devices_a[0] != devices_a[1]
 
 
 def test_impossible_pool_fails_fast_with_what_was_asked(ray_cluster):
@@ -269,7 +261,9 @@ def test_impossible_pool_fails_fast_with_what_was_asked(ray_cluster):
 def test_pool_that_cannot_be_placed_now_times_out(ray_cluster):
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    hog = placement_group([{"GPU": 8}], strategy="STRICT_PACK")
+    free = ray.available_resources().get("GPU", 0)  # the module's GPU groups hold some
+    assert free >= 1
+    hog = placement_group([{"GPU": free}], strategy="STRICT_PACK")
     ray.get(hog.ready(), timeout=30)
     try:
         start = time.monotonic()
@@ -291,23 +285,24 @@ def test_registered_dispatch_error_is_a_value_error():
     assert issubclass(DispatchError, ValueError)
 
 
-def test_a_group_asked_for_out_of_band_tensors_returns_them_without_torchs_pickling(ray_cluster):
+def test_a_group_asked_for_out_of_band_tensors_returns_them_without_torchs_pickling(group):
     # torch's pickling sends a view with its whole storage; the out-of-band path sends a
     # tensor's own bytes. So a 3-element view of an 8-element tensor arrives with 32 bytes
-    # of storage from a default group, and with 12 from a group whose ranks were asked for
-    # out-of-band tensors.
+    # of storage from a default group (the module's), and with 12 from a group whose ranks
+    # were asked for out-of-band tensors.
     pool = RayResourcePool([2], use_gpu=False, name_prefix="oob")
-    default_cls, out_of_band_cls = RayClassWithInitArgs(cls=ModeWorker), RayClassWithInitArgs(cls=ModeWorker)
+    out_of_band_cls = RayClassWithInitArgs(cls=ModeWorker)
     out_of_band_cls.send_tensors_out_of_band()
-    groups = [RayWorkerGroup(pool, default_cls), RayWorkerGroup(pool, out_of_band_cls)]
+    out_of_band_group = RayWorkerGroup(pool, out_of_band_cls)
     try:
-        default, out_of_band = (g.execute_all_sync("views_of_one_storage") for g in groups)
+        out_of_band = out_of_band_group.execute_all_sync("views_of_one_storage")
     finally:
-        for g in groups:
-            g.shutdown()
+        out_of_band_group.shutdown()
         pool.remove()
-    for rank in range(2):
-        for (whole, part, flag), own_bytes in ((default[rank], False), (out_of_band[rank], True)):
+    default = group.execute_all_sync("views_of_one_storage")
+    assert len(default) == 4 and len(out_of_band) == 2
+    for views, own_bytes in ((default, False), (out_of_band, True)):
+        for rank, (whole, part, flag) in enumerate(views):
             assert whole.tolist() == [rank + float(i) for i in range(8)] and part.tolist() == whole[2:5].tolist()
             assert part.untyped_storage().nbytes() == (12 if own_bytes else 32)
             assert flag == ("1" if own_bytes else None)
