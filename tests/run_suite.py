@@ -11,8 +11,8 @@ the session's ``serve run`` (the shipped service and the applications that share
 cluster), and beside them the unit layer (no Ray) and the Ray layer's Megatron and weight
 sync modules, on a cluster of their own. Every run goes even if another failed; the
 output of a run beside another is printed after it; exit status 5 (no test selected, as
-with a ``-k``) fails no run. At the end: each layer's time, and each stage's time with the
-machine's CPU seconds in it.
+with a ``-k``) fails no run. At the end: each layer's time and the tests that failed in it,
+and each stage's time with the machine's CPU seconds in it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.machine_cpu import machine_cpu
@@ -41,6 +41,9 @@ class Run:
     cwd: Path = ROOT
     seconds: float = 0.0
     status: int | None = None
+    #: pytest's summary lines for the tests that failed or erred, repeated at the end of
+    #: the suite: a log cut to its tail still names them.
+    failures: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -81,14 +84,28 @@ def machine_busy_seconds() -> float | None:
         return None
 
 
+#: How pytest's short summary starts the line of a test that failed or erred.
+FAILURE_PREFIXES = ("FAILED ", "ERROR ")
+
+
 def _run_chain(runs: list[Run], extra: list[str], log: Path | None) -> None:
     """The chain's pytest runs one after another, their output to ``log`` (None: to this
-    terminal)."""
-    out = None if log is None else open(log, "w")  # noqa: SIM115 - closed with the process
-    for run in runs:
-        started = time.monotonic()
-        done = subprocess.run([*PYTEST, *run.args, *extra], cwd=run.cwd, stdout=out, stderr=subprocess.STDOUT)
-        run.status, run.seconds = done.returncode, time.monotonic() - started
+    terminal), each run's failure lines kept on it."""
+    out = sys.stdout if log is None else open(log, "w", errors="replace")  # noqa: SIM115 - closed below
+    try:
+        for run in runs:
+            started = time.monotonic()
+            with subprocess.Popen([*PYTEST, *run.args, *extra], cwd=run.cwd, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, errors="replace") as process:
+                for line in process.stdout:
+                    out.write(line)
+                    out.flush()
+                    if line.startswith(FAILURE_PREFIXES):
+                        run.failures.append(line.rstrip())
+            run.status, run.seconds = process.returncode, time.monotonic() - started
+    finally:
+        if out is not sys.stdout:
+            out.close()
 
 
 def stage(chains: list[list[Run]], extra: list[str]) -> None:
@@ -121,6 +138,8 @@ def main(argv: list[str]) -> int:
     for run in runs:
         verdict = "passed" if run.passed else f"FAILED (exit {run.status})"
         print(f"{run.name:22s} {run.seconds:6.0f} s  {verdict}")
+        for failure in run.failures:
+            print(f"    {failure}")
     for number, (seconds, cpu) in enumerate(stage_use, start=1):
         used = "" if cpu is None else f"  {cpu:6.0f} CPU-s, {100 * cpu / seconds / (os.cpu_count() or 1):3.0f}% of {os.cpu_count()} cores"
         print(f"{f'stage {number}':22s} {seconds:6.0f} s{used}")

@@ -1,12 +1,13 @@
-"""The machine's CPU seconds that make test's stage report and the bench read from
-/proc/stat (bench/machine_cpu.py)."""
+"""make test's runner (tests/run_suite.py): the failures it repeats at the end, and the
+machine's CPU seconds that its stage report and the bench read from /proc/stat
+(bench/machine_cpu.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from bench.machine_cpu import busy_and_total
-from tests.run_suite import machine_busy_seconds
+from tests.run_suite import Run, _run_chain, machine_busy_seconds
 
 
 def test_busy_counts_every_field_but_idle_and_iowait_and_the_guests_once():
@@ -31,3 +32,17 @@ def test_the_machine_is_busier_after_work_than_before():
         total += i
     after = machine_busy_seconds()
     assert after - before >= 0.05, (before, after, total)
+
+
+def test_a_chain_keeps_the_names_of_the_tests_that_failed_and_goes_on_after_a_failed_run(tmp_path):
+    (tmp_path / "test_sample.py").write_text(
+        "def test_passes():\n    assert True\n\n"
+        "def test_fails():\n    assert 1 == 2, 'one is not two'\n"
+    )
+    failing, passing = Run("first", ["test_sample.py"], cwd=tmp_path), Run("second", ["test_sample.py", "-k", "passes"], cwd=tmp_path)
+    log = tmp_path / "chain.log"
+    _run_chain([failing, passing], [], log)
+    assert failing.status == 1 and not failing.passed
+    assert failing.failures == ["FAILED test_sample.py::test_fails - AssertionError: one is not two"]
+    assert passing.passed and passing.failures == []
+    assert "1 failed, 1 passed" in log.read_text()
