@@ -45,6 +45,9 @@ def deployment_args(checkpoint: str) -> dict:
     }]}
 
 
+HEALTH_TIMEOUT_S = 3.0
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> tuple[str, dict[str, torch.Tensor]]:
     path, tensors = write_llama_mlp_checkpoint(tmp_path_factory.mktemp("llama"), HIDDEN, FFN, layers=2, seed=7)
@@ -57,8 +60,10 @@ def controller(ray_cluster, loop, checkpoint):
     deployment = config.deployments[0]
     plan = plan_deployment(deployment, config, GpuBudget(0))
     pools = PoolSet(plan)
+    # A ping timeout short enough that the long call below outlasts three of them, and long
+    # enough that an idle rank on a loaded machine (Ray runs workers at nice 15) answers.
     made = GroupController(deployment, plan, units(deployment, plan, pools), request_timeout_s=60,
-                           health_timeout_s=1.0)
+                           health_timeout_s=HEALTH_TIMEOUT_S)
     asyncio.run_coroutine_threadsafe(made.start(), loop).result(timeout=300)
     yield made
     made.shutdown()
@@ -148,14 +153,15 @@ def test_health_checks_during_a_long_call_do_not_rebuild(loop, controller):
     rebuilds = unit.rebuilds
 
     async def scenario():
-        slow = asyncio.ensure_future(controller.call(CallRequest("actor", "sleep", [], {"seconds": 4})))
+        seconds = 3 * HEALTH_TIMEOUT_S + 1
+        slow = asyncio.ensure_future(controller.call(CallRequest("actor", "sleep", [], {"seconds": seconds})))
         statuses = []
-        while not slow.done():  # the health timeout is 1 s: the pings wait behind the call
+        while not slow.done():  # each check waits the health timeout: the pings wait behind the call
             statuses.append(await controller.check_health())
-        return await slow, statuses
+        return await slow, statuses, seconds
 
-    result, statuses = run(loop, scenario())
-    assert result.ok and result.output == [4.0] * 4
+    result, statuses, seconds = run(loop, scenario())
+    assert result.ok and result.output == [float(seconds)] * 4
     assert len(statuses) >= 3 and all(s["actor"] == "ready" for s in statuses)
     assert unit.rebuilds == rebuilds
 

@@ -50,7 +50,7 @@ def controller(ray_cluster, loop, state_path):
     plan = plan_deployment(deployment, config, GpuBudget(0))
     pools = PoolSet(plan)
     made = GroupController(deployment, plan, units(deployment, plan, pools), request_timeout_s=60,
-                           health_timeout_s=1.0, state=config.state)
+                           health_timeout_s=10.0, state=config.state)
     run(loop, made.start(), timeout=300)
     yield made
     made.shutdown()

@@ -42,7 +42,7 @@ def start(loop, args: dict):
     plan = plan_deployment(deployment, config, GpuBudget(0))
     pools = PoolSet(plan)
     controller = GroupController(deployment, plan, units(deployment, plan, pools), request_timeout_s=60,
-                                 health_timeout_s=1.0, state=config.state)
+                                 health_timeout_s=10.0, state=config.state)
     run(loop, controller.start(), timeout=300)
     return controller, pools
 

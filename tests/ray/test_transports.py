@@ -49,7 +49,7 @@ def served(request, ray_cluster, loop, tmp_path_factory):
     plan = plan_deployment(deployment, config, GpuBudget(0))
     pools = PoolSet(plan)
     controller = GroupController(deployment, plan, units(deployment, plan, pools), request_timeout_s=60,
-                                 health_timeout_s=5.0, state=config.state)
+                                 health_timeout_s=10.0, state=config.state)
     run(loop, controller.start(), timeout=300)
     yield transport, controller
     controller.shutdown()
