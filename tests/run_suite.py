@@ -25,6 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from xml.etree import ElementTree
 
 from bench.machine_cpu import machine_cpu
 
@@ -84,28 +85,35 @@ def machine_busy_seconds() -> float | None:
         return None
 
 
-#: How pytest's short summary starts the line of a test that failed or erred.
-FAILURE_PREFIXES = ("FAILED ", "ERROR ")
+def failures_in(report: Path) -> list[str]:
+    """``FAILED <test> - <message>`` (``ERROR`` for a setup or teardown) for each test that
+    did not pass, from a pytest JUnit XML report (none where there is no report)."""
+    try:
+        suites = ElementTree.parse(report).getroot()
+    except (OSError, ElementTree.ParseError):
+        return []
+    found = []
+    for case in suites.iter("testcase"):
+        for outcome, word in (("failure", "FAILED"), ("error", "ERROR")):
+            for element in case.findall(outcome):
+                message = (element.get("message") or "").splitlines()[0:1]
+                found.append(f"{word} {case.get('classname')}::{case.get('name')}" + (f" - {message[0]}" if message else ""))
+    return found
 
 
 def _run_chain(runs: list[Run], extra: list[str], log: Path | None) -> None:
     """The chain's pytest runs one after another, their output to ``log`` (None: to this
-    terminal), each run's failure lines kept on it."""
-    out = sys.stdout if log is None else open(log, "w", errors="replace")  # noqa: SIM115 - closed below
-    try:
-        for run in runs:
-            started = time.monotonic()
-            with subprocess.Popen([*PYTEST, *run.args, *extra], cwd=run.cwd, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, errors="replace") as process:
-                for line in process.stdout:
-                    out.write(line)
-                    out.flush()
-                    if line.startswith(FAILURE_PREFIXES):
-                        run.failures.append(line.rstrip())
-            run.status, run.seconds = process.returncode, time.monotonic() - started
-    finally:
-        if out is not sys.stdout:
-            out.close()
+    terminal), each run's failed tests kept on it (read from a JUnit report afterwards, so
+    nothing waits on the output of a process a test left behind)."""
+    out = None if log is None else open(log, "w")  # noqa: SIM115 - closed with the process
+    for run in runs:
+        report = Path(tempfile.mkstemp(prefix="suite-", suffix=".xml")[1])
+        started = time.monotonic()
+        done = subprocess.run([*PYTEST, *run.args, *extra, f"--junitxml={report}"], cwd=run.cwd, stdout=out,
+                              stderr=subprocess.STDOUT)
+        run.status, run.seconds = done.returncode, time.monotonic() - started
+        run.failures = failures_in(report)
+        report.unlink(missing_ok=True)
 
 
 def stage(chains: list[list[Run]], extra: list[str]) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bench.machine_cpu import busy_and_total
-from tests.run_suite import Run, _run_chain, machine_busy_seconds
+from tests.run_suite import Run, _run_chain, failures_in, machine_busy_seconds
 
 
 def test_busy_counts_every_field_but_idle_and_iowait_and_the_guests_once():
@@ -43,6 +43,17 @@ def test_a_chain_keeps_the_names_of_the_tests_that_failed_and_goes_on_after_a_fa
     log = tmp_path / "chain.log"
     _run_chain([failing, passing], [], log)
     assert failing.status == 1 and not failing.passed
-    assert failing.failures == ["FAILED test_sample.py::test_fails - AssertionError: one is not two"]
+    assert failing.failures == ["FAILED test_sample::test_fails - AssertionError: one is not two"]
     assert passing.passed and passing.failures == []
     assert "1 failed, 1 passed" in log.read_text()
+
+
+def test_a_setup_error_is_named_and_a_missing_report_names_nothing(tmp_path):
+    (tmp_path / "test_setup.py").write_text(
+        "import pytest\n\n@pytest.fixture\ndef broken():\n    raise RuntimeError('no fixture today')\n\n"
+        "def test_needs_it(broken):\n    pass\n"
+    )
+    erring = Run("erring", ["test_setup.py"], cwd=tmp_path)
+    _run_chain([erring], [], tmp_path / "chain.log")
+    assert erring.failures == ["ERROR test_setup::test_needs_it - failed on setup with \"RuntimeError: no fixture today\""]
+    assert failures_in(tmp_path / "absent.xml") == []
