@@ -1,12 +1,13 @@
 """Handing a group's calls to its ranks in journal order, off the event loop when large.
 
 Dispatching a call (splitting its batches) and submitting it (Ray pickles the arguments
-of every rank's task) cost time in proportion to the arguments' bytes. A small call is
-submitted at once on the controller's event loop; a large one in the group's own thread,
-so the loop keeps answering (health checks, other groups, small calls) meanwhile. Order
-is kept: while a call waits in the thread, every later call of the group goes there too,
-behind it, first in first out, so every rank still receives the calls in the order the
-journal numbered them.
+of every rank's task) cost time in proportion to the arguments' bytes: a Python object's
+are walked, a tensor's or an array's only copied (as the HTTP front counts a body's work,
+``hybridflow.wire.loop_work``). A small call is submitted at once on the controller's event
+loop; a large one in the group's own thread, so the loop keeps answering (health checks,
+other groups, small calls) meanwhile. Order is kept: while a call waits in the thread,
+every later call of the group goes there too, behind it, first in first out, so every
+rank still receives the calls in the order the journal numbered them.
 """
 
 from __future__ import annotations
@@ -17,17 +18,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from hybridflow.state.idempotency import estimate_bytes
+from hybridflow.wire.loop_work import OFF_LOOP_BYTES, RAW_BYTES_PER_PARSED_BYTE
 
 T = TypeVar("T")
 
-#: Arguments of about this many bytes and more are submitted (and outputs this large
-#: collected) off the event loop.
-OFF_LOOP_BYTES = 256 * 1024
-
 
 def large(value: Any) -> bool:
-    """Whether ``value`` holds ``OFF_LOOP_BYTES`` or more (counting stops there)."""
-    return estimate_bytes(value, stop_above=OFF_LOOP_BYTES) >= OFF_LOOP_BYTES
+    """Whether ``value`` is work of ``OFF_LOOP_BYTES`` or more, to submit, collect or
+    journal: its Python objects by their bytes, its tensors and numeric arrays at
+    ``1 / RAW_BYTES_PER_PARSED_BYTE`` of theirs (copied, not walked: below that the
+    thread's hand-off costs more than the copy). Counting stops at the bound."""
+    return estimate_bytes(value, stop_above=OFF_LOOP_BYTES, raw_divisor=RAW_BYTES_PER_PARSED_BYTE) >= OFF_LOOP_BYTES
 
 
 class Submissions:

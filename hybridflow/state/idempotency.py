@@ -79,14 +79,18 @@ def _children(value: Any, modules: dict[str, Any]) -> Any:
     return None
 
 
-def estimate_bytes(value: Any, stop_above: int | None = None) -> int:
+def estimate_bytes(value: Any, stop_above: int | None = None, raw_divisor: int = 1) -> int:
     """How much memory a value keeps, counted by its content: tensors by their storages,
     numeric arrays by their bytes, strings and bytes by their size; containers, numpy
     object arrays, TensorDicts, ``NonTensorData``, object columns (``NonTensorStack``),
     DataProtos and other objects by what they hold (walked ``MAX_DEPTH`` deep, each
     container and large string once, so shared parts and cycles are not counted again).
     Stops once the count passes ``stop_above`` (the number returned is then only known to
-    be over it). Costs a step per object it counts: in proportion to the value's size."""
+    be over it). Costs a step per object it counts: in proportion to the value's size.
+
+    ``raw_divisor`` weighs the raw buffers (tensors, numeric arrays) against the rest:
+    each of their bytes counts ``1 / raw_divisor`` (to count work where a buffer is
+    copied and an object walked, not memory)."""
     torch = sys.modules.get("torch")
     modules = sys.modules
     seen: set[int] = set()
@@ -107,10 +111,10 @@ def estimate_bytes(value: Any, stop_above: int | None = None) -> int:
             total += size
             continue
         if torch is not None and isinstance(node, torch.Tensor):
-            total += _tensor_bytes(node, seen)
+            total += _tensor_bytes(node, seen) // raw_divisor
             continue
         if isinstance(node, np.ndarray) and node.dtype.kind != "O":
-            total += node.nbytes + OBJECT_BYTES
+            total += node.nbytes // raw_divisor + OBJECT_BYTES
             continue
         if depth >= MAX_DEPTH or id(node) in seen:
             total += OBJECT_BYTES

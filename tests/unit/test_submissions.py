@@ -9,14 +9,21 @@ import threading
 import time
 
 import numpy as np
+import torch
 
-from hybridflow.control.submissions import OFF_LOOP_BYTES, Submissions, large
+from hybridflow.control.submissions import Submissions, large
+from hybridflow.wire.loop_work import OFF_LOOP_BYTES, RAW_BYTES_PER_PARSED_BYTE
 
 
-def test_large_counts_what_a_call_holds():
+def test_large_counts_what_a_call_holds_its_buffers_as_copies():
     assert not large(([1, 2, 3], {"x": "small"}))
-    assert large(([np.zeros(OFF_LOOP_BYTES, np.uint8)], {}))
-    assert large(((), {"text": "x" * OFF_LOOP_BYTES}))
+    assert large(((), {"text": "x" * OFF_LOOP_BYTES}))  # pickled object by object
+    assert large(([list(range(OFF_LOOP_BYTES // 8))], {}))
+    raw = OFF_LOOP_BYTES * RAW_BYTES_PER_PARSED_BYTE  # a buffer is only copied
+    assert not large(([np.zeros(OFF_LOOP_BYTES, np.uint8)], {}))
+    assert not large(([torch.zeros(OFF_LOOP_BYTES // 4)], {}))  # a [8, 2, 4096] FP32 inference's input
+    assert large(([np.zeros(raw, np.uint8)], {})) and large(({"x": torch.zeros(raw // 4)},))
+    assert large(([np.zeros(raw // 2, np.uint8), np.zeros(raw // 2, np.uint8)], {}))
 
 
 def test_calls_keep_their_order_through_the_thread_and_the_loop_keeps_answering():
