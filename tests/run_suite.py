@@ -42,8 +42,8 @@ class Run:
     cwd: Path = ROOT
     seconds: float = 0.0
     status: int | None = None
-    #: pytest's summary lines for the tests that failed or erred, repeated at the end of
-    #: the suite: a log cut to its tail still names them.
+    #: The tests that failed or erred (``failures_in``), repeated at the end of the suite:
+    #: a log cut to its tail still names them.
     failures: list[str] = field(default_factory=list)
 
     @property
@@ -96,8 +96,8 @@ def failures_in(report: Path) -> list[str]:
     for case in suites.iter("testcase"):
         for outcome, word in (("failure", "FAILED"), ("error", "ERROR")):
             for element in case.findall(outcome):
-                message = (element.get("message") or "").splitlines()[0:1]
-                found.append(f"{word} {case.get('classname')}::{case.get('name')}" + (f" - {message[0]}" if message else ""))
+                first_line = next(iter((element.get("message") or "").splitlines()), "")
+                found.append(f"{word} {case.get('classname')}::{case.get('name')}" + (f" - {first_line}" if first_line else ""))
     return found
 
 
