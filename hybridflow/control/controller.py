@@ -41,13 +41,13 @@ from hybridflow.control.events import EventBus
 from hybridflow.control.group_state import CHECKING
 from hybridflow.control.models import ModelServer
 from hybridflow.control.placement import DeploymentPlan
+from hybridflow.control.rank_answers import rank_outcomes
 from hybridflow.control.submissions import large
 from hybridflow.control.supervisor import (
     READY,
     GroupState,
     Supervisor,
     UnitState,
-    as_asyncio,
     failure_of,
     first_line,
 )
@@ -275,9 +275,8 @@ class GroupController:
                 except Exception as exc:
                     result.error = self._submit_failed(state, entry.method if entry else "call", exc)
                     return result
-            futures = as_asyncio(pending.futures)
-            done, waiting = await asyncio.wait(futures, timeout=self.request_timeout_s)
-            if waiting:
+            outcomes = await rank_outcomes(pending.futures, self.request_timeout_s)
+            if outcomes is None:
                 # The workers are stuck behind this call (and a mutating one may still apply):
                 # rebuild the group from the journal (unless it was rebuilt meanwhile).
                 if generation == unit.generation:
@@ -286,7 +285,7 @@ class GroupController:
                     ErrorKind.TIMEOUT, f"{state.name} did not finish within {self.request_timeout_s:g} s"
                 )
                 return result
-            failures = [failure_of(f.exception()) for f in futures if f.exception() is not None]
+            failures = [failure_of(o.error) for o in outcomes if o.error is not None]
             if failures:
                 lost = [message for worker_lost, message in failures if worker_lost]
                 if generation != unit.generation:
@@ -306,7 +305,7 @@ class GroupController:
                     result.error = _error(ErrorKind.METHOD_RAISED, f"{state.name} raised {failures[0][1]}{undone}")
                 return result
             result.weights_version = await self.weights.resolve(version)
-            values = [f.result() for f in futures]
+            values = [o.value for o in outcomes]
             try:
                 result.output = await asyncio.to_thread(pending.collect, values) if large(values) else (
                     pending.collect(values))

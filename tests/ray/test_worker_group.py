@@ -3,6 +3,7 @@ errors, futures, ordering under concurrent callers, and failing fast on pools.""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ import ray
 import torch
 from tensordict import TensorDict
 
+from hybridflow.control.rank_answers import rank_outcomes
 from single_controller import DataProtoFuture
 from single_controller.base import Worker
 from single_controller.base.decorator import (
@@ -321,3 +323,24 @@ def test_out_of_band_tensors_reach_every_rank_as_a_tensor_of_its_own(group):
         ray.util.deregister_serializer(torch.Tensor)
     assert [out[:3].tolist() for out in outputs] == [[0.0, rank + 1.0, 2 * (rank + 1.0)] for rank in range(4)]
     assert x[:3].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_rank_outcomes_of_a_groups_refs_are_what_rays_own_futures_give(group):
+    """The controller awaits a call's refs through one tally (hybridflow.control.rank_answers):
+    each rank's value, or the exception Ray's own future raises, in rank order."""
+
+    async def both(method: str, **kwargs):
+        ours = await rank_outcomes(group.execute_all_async(method, **kwargs), 60)
+        theirs = await asyncio.gather(*(asyncio.wrap_future(ref.future()) for ref in group.execute_all_async(
+            method, **kwargs)), return_exceptions=True)
+        return ours, theirs
+
+    ours, theirs = asyncio.run(both("echo", x=[10, 11, 12, 13]))
+    assert [o.value for o in ours] == theirs == [(0, 10), (1, 11), (2, 12), (3, 13)]
+    assert all(o.error is None for o in ours)
+    ours, theirs = asyncio.run(both("size_of", t=None))  # every rank raises AttributeError
+    for outcome, raised in zip(ours, theirs, strict=True):
+        # Ray makes the class (a RayTaskError and the cause's class) anew for each error
+        assert type(outcome.error).__name__ == type(raised).__name__ == "RayTaskError(AttributeError)"
+        assert isinstance(outcome.error, AttributeError) and isinstance(outcome.error, ray.exceptions.RayTaskError)
+        assert "numel" in str(outcome.error) and outcome.value is None
