@@ -192,27 +192,36 @@ async def alternating_rounds(calls: list[Callable[[], Awaitable[Any]]], n: int) 
 
 
 def bench_transports(pool: Any, worker_cls: Any, n: int) -> dict[str, float | None]:
-    """The controller's two transports to a group's ranks (``transport: tasks`` and
-    ``compiled``), as it uses them from its event loop: a ONE_TO_ALL call's p50 over a Ray
-    task per rank and over the group's compiled graph (``GraphChannel``), in alternating
-    rounds, and the cores the ranks keep busy while idle with each."""
-    from hybridflow.control.supervisor import as_asyncio
+    """The controller's three transports to a group's ranks (``transport: tasks``,
+    ``socket`` and ``compiled``), as it uses them from its event loop: a ONE_TO_ALL call's
+    p50 over a Ray task per rank, over the group's socket channel (``SocketChannel``) and
+    over its compiled graph (``GraphChannel``), in alternating rounds, and the cores the
+    ranks keep busy while idle with each."""
+    from hybridflow.control.rank_answers import rank_outcomes
     from single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
 
     group = RayWorkerGroup(pool, RayClassWithInitArgs(cls=worker_cls))
     try:
         pids = [info["pid"] for info in group.rank_info()]
         out: dict[str, float | None] = {"transport_tasks_idle_cores": idle_cores(pids)}
-        channel = group.graph_channel()
+        sockets = group.socket_channel()
+        out["transport_socket_idle_cores"] = idle_cores(pids)
+        graph = group.graph_channel()
 
         async def call(caller: Any) -> Any:
             pending = caller.submit("m", (1,))
-            return pending.collect(await asyncio.gather(*as_asyncio(pending.futures)))
+            return pending.collect([o.value for o in await rank_outcomes(pending.futures, None)])
 
-        tasks_s, compiled_s = asyncio.run(alternating_rounds([lambda: call(group), lambda: call(channel)], n))
+        async def rounds() -> list[list[float]]:
+            return await alternating_rounds([lambda: call(group), lambda: call(sockets), lambda: call(graph)], n)
+
+        tasks_s, socket_s, compiled_s = asyncio.run(rounds())
         out["transport_compiled_idle_cores"] = idle_cores(pids)
-        channel.teardown()
-        out.update(transport_tasks_p50_ms=p50(tasks_s) * 1e3, transport_compiled_p50_ms=p50(compiled_s) * 1e3,
+        graph.teardown()
+        sockets.teardown()
+        out.update(transport_tasks_p50_ms=p50(tasks_s) * 1e3, transport_socket_p50_ms=p50(socket_s) * 1e3,
+                   transport_compiled_p50_ms=p50(compiled_s) * 1e3,
+                   transport_socket_over_tasks=p50(socket_s) / p50(tasks_s),
                    transport_compiled_over_tasks=p50(compiled_s) / p50(tasks_s))
         return out
     finally:

@@ -82,11 +82,14 @@ SECTIONS = (
               ("tensor_return_out_of_band_p50_ms", "tensor_return_p50_ms"), "lower"),
             F("compiled_idle_cores", "cores the 4 ranks of an idle compiled graph keep busy (after "
               "`teardown()`: `plain_idle_cores`)", ("plain_idle_cores",), "lower"),
-            F("transport_compiled_over_tasks", "the controller's transports from its event loop: a ONE_TO_ALL "
-              "call over the group's compiled graph (`transport: compiled`) vs a Ray task per rank "
-              "(`tasks`), p50; the cores the 4 idle ranks keep busy with each",
-              ("transport_compiled_p50_ms", "transport_tasks_p50_ms", "transport_compiled_idle_cores",
+            F("transport_socket_over_tasks", "the controller's transports from its event loop: a ONE_TO_ALL "
+              "call over the group's socket channel (`transport: socket`, what `auto` picks) vs a Ray task per "
+              "rank (`tasks`), p50; the cores the 4 idle ranks keep busy with each",
+              ("transport_socket_p50_ms", "transport_tasks_p50_ms", "transport_socket_idle_cores",
                "transport_tasks_idle_cores"), "lower"),
+            F("transport_compiled_over_tasks", "the same call over the group's compiled graph (`transport: "
+              "compiled`) vs a Ray task per rank, p50; the cores its 4 idle ranks keep busy",
+              ("transport_compiled_p50_ms", "transport_tasks_p50_ms", "transport_compiled_idle_cores"), "lower"),
         ),
     ),
     Section(

@@ -15,7 +15,7 @@ RESERVED_DEPLOYMENTS = frozenset({"ingress", "jobs"})
 WORKER_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 Datatype = Literal["BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "BF16", "FP32", "FP64"]
 #: How a group's calls reach its ranks (hybridflow.control.transport).
-Transport = Literal["compiled", "tasks", "auto"]
+Transport = Literal["socket", "compiled", "tasks", "auto"]
 
 
 class ConfigError(ValueError):
@@ -148,9 +148,10 @@ class GroupConfig(_Strict):
     )
     transport: Transport = Field(
         "auto",
-        description="how calls reach the ranks: compiled (one Ray Compiled Graph over the group's processes: no Ray "
-        "task per rank and call, but its ranks poll while idle), tasks (a Ray task per rank and call), auto "
-        "(compiled where the group can use it and its node has cores to spare for the polling ranks, else tasks)",
+        description="how calls reach the ranks: socket (one TCP connection per rank, a pickled frame per rank and "
+        "call from the controller's event loop; nothing polls while idle), compiled (one Ray Compiled Graph over the "
+        "group's processes: no Ray task per rank and call, but its ranks poll while idle), tasks (a Ray task per "
+        "rank and call), auto (socket where the group can take every call over a channel, else tasks)",
     )
 
     supervision: SupervisionConfig = Field(

@@ -215,26 +215,27 @@ def _weights_sources(deployment: DeploymentConfig) -> list[str]:
     return problems
 
 
-def graph_unfit(group: GroupConfig, deployment: DeploymentConfig) -> str | None:
-    """Why ``group`` cannot take its calls over a compiled graph (None: it can). The graph
-    runs beside the ranks' ordinary tasks, so every call that touches their state must go
-    through it: a plain actor has no graph step, colocated groups share processes with
-    other groups' calls, and a weight sync reads and writes the ranks outside it."""
+def channel_unfit(group: GroupConfig, deployment: DeploymentConfig) -> str | None:
+    """Why ``group`` cannot take its calls over a channel, a socket channel or a compiled
+    graph (None: it can). A channel's calls run beside the ranks' ordinary tasks, so every
+    call that touches their state must go through it: a plain actor has no channel step,
+    colocated groups share processes with other groups' calls, and a weight sync reads and
+    writes the ranks outside it."""
     if group.plain_actor:
-        return "a plain actor has no compiled-graph step (it is not a Worker)"
+        return "a plain actor has no channel step (it is not a Worker)"
     if any(group.name in members for members in colocations(deployment)):
         return "its processes are shared with colocated groups"
     if group.weights_from is not None or any(g.weights_from == group.name for g in deployment.groups):
-        return "it takes part in a weight sync, which reaches its ranks outside the graph"
+        return "it takes part in a weight sync, which reaches its ranks outside the channel"
     return None
 
 
 def _transports(deployment: DeploymentConfig) -> list[str]:
     problems = []
     for group in deployment.groups:
-        why = graph_unfit(group, deployment) if group.transport == "compiled" else None
+        why = channel_unfit(group, deployment) if group.transport in ("compiled", "socket") else None
         if why is not None:
-            problems.append(f"{_group_path(deployment, group)}.transport: compiled is refused: {why}")
+            problems.append(f"{_group_path(deployment, group)}.transport: {group.transport} is refused: {why}")
     return problems
 
 

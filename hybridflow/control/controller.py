@@ -51,7 +51,7 @@ from hybridflow.control.supervisor import (
     failure_of,
     first_line,
 )
-from hybridflow.control.transport import node_cores, resolve_transports
+from hybridflow.control.transport import resolve_transports
 from hybridflow.control.weights import WeightSyncs
 from hybridflow.state.async_store import AsyncStore
 from hybridflow.state.codec import StateCodecError
@@ -111,8 +111,7 @@ class GroupController:
                 ),
             )
         if transports is None:
-            sizes = {name: plan.world_size(name) for name in self.groups}
-            transports = resolve_transports([deployment], sizes, node_cores())
+            transports = resolve_transports([deployment])
         for name, group_state in self.groups.items():
             group_state.transport = transports[name]
             group_state.durability.snapshots.events = self.events
@@ -246,7 +245,8 @@ class GroupController:
         # Large arguments are split and pickled in the group's thread, in journal order
         # (hybridflow.control.submissions); a compiled graph's writer thread pickles them
         # anyway, and a group whose weights version is followed asks for it right after.
-        off_loop = state.channel is None and version is None and large((args, kwargs))
+        pickled_here = state.channel is None or state.channel.pickles_in_caller
+        off_loop = pickled_here and version is None and large((args, kwargs))
         try:
             pending = state.submissions.submit(lambda: state.caller.submit(request.method, args, kwargs), off_loop)
         except Exception as exc:

@@ -28,7 +28,7 @@ from hybridflow.control.contract import (
 from hybridflow.control.controller import GroupController
 from hybridflow.control.events import KINDS, Event, EventBus, EventStream, parse_since
 from hybridflow.control.placement import DeploymentPlan
-from hybridflow.control.transport import node_cores, resolve_transports
+from hybridflow.control.transport import resolve_transports
 from single_controller.ray.tensor_transport import send_tensors_out_of_band
 
 logger = logging.getLogger(__name__)
@@ -79,10 +79,7 @@ class Controllers:
         send_tensors_out_of_band()
         placement_group = ray.util.get_current_placement_group()
         configs = [DeploymentConfig.model_validate(deployment) for deployment in deployments]
-        # The ranks of every hosted deployment share this node's cores.
-        sizes = {group.name: plan.world_size(group.name) for config, plan in zip(configs, plans, strict=True)
-                 for group in config.groups}
-        transports = resolve_transports(configs, sizes, node_cores())
+        transports = resolve_transports(configs)
         events = EventBus(LimitsConfig.model_validate(service.get("limits") or {}).events_kept)
         controllers, pool_sets = [], []
         for index, (deployment, config, plan) in enumerate(zip(deployments, configs, plans, strict=True)):

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from hybridflow.control import metrics
 from hybridflow.control.builder import restart_rank
 from hybridflow.control.group_state import READY, REBUILDING, UNKNOWN_NODE, GroupState, UnitState, hopeless
-from hybridflow.control.transport import COMPILED
+from hybridflow.control.transport import COMPILED, SOCKET
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -80,9 +80,15 @@ class Recovery:
 
     async def _build_channels(self, unit: UnitState) -> None:
         loop = asyncio.get_running_loop()
-        for member in unit.members:  # restored over tasks; served over the graph from now on
-            if member.transport == COMPILED and member.channel is None:
+        for member in unit.members:  # restored over tasks; served over the channel from now on
+            if member.channel is not None:
+                continue
+            if member.transport == COMPILED:
                 member.channel = await loop.run_in_executor(self._starts, member.group.graph_channel)
+            elif member.transport == SOCKET:
+                channel = await loop.run_in_executor(self._starts, member.group.socket_channel)
+                channel.attach(loop)
+                member.channel = channel
 
     async def _learn_nodes(self, unit: UnitState) -> None:
         """Each rank's node, as ``GET /v1/groups/{group}`` shows it, kept for naming the

@@ -20,11 +20,13 @@ methods, which the group calls and a service never lists (their names start with
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from single_controller.base.decorator import Dispatch, Execute, register
 from single_controller.base.mesh import MeshPlaces
+from single_controller.base.step_socket import serve_steps
 from single_controller.rendezvous import node_ip_address, pick_rendezvous
 
 
@@ -181,9 +183,26 @@ class Worker:
         return self._rank
 
     def _execute_compiled(self, call: tuple[str, tuple, dict] | None) -> Any:
-        """A compiled graph's step on this rank: ``(method, args, kwargs)``, or None for
-        a rank the call does not run on (a RANK_ZERO method on the other ranks)."""
+        """A compiled graph's or a socket channel's step on this rank: ``(method, args,
+        kwargs)``, or None for a rank the call does not run on (a RANK_ZERO method on the
+        other ranks)."""
         if call is None:
             return None
         method, args, kwargs = call
         return getattr(self, method)(*args, **kwargs)
+
+    def _open_step_socket(self, token: bytes) -> tuple[str, int]:
+        """This rank's end of a socket channel (``single_controller.base.step_socket``):
+        the address its owner connects to, sending ``token`` first."""
+        host = node_ip_address()
+        return host, serve_steps(host, token, self._execute_compiled, _same_cuda_device())
+
+
+def _same_cuda_device() -> Callable[[], None] | None:
+    """What makes another thread use the CUDA device this thread uses (a new thread starts
+    on device 0); None where CUDA is not in use here."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    device = torch.cuda.current_device()
+    return lambda: torch.cuda.set_device(device)

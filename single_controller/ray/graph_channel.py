@@ -52,6 +52,9 @@ class GraphChannel:
     """``group``'s calls over one compiled graph; ``max_inflight`` calls at once (later
     ones wait for a slot, in order)."""
 
+    #: The graph's writer thread pickles a call's arguments, not the caller's thread.
+    pickles_in_caller = False
+
     def __init__(self, group: Any, max_inflight: int = 16, read_timeout_s: float | None = None) -> None:
         if max_inflight < 1:
             raise ValueError(f"max_inflight must be at least 1, got {max_inflight}")

@@ -435,6 +435,16 @@ class RayWorkerGroup(WorkerGroup):
         self._shared["channel"] = channel
         return channel
 
+    def socket_channel(self, connect_timeout_s: float = 60.0) -> Any:
+        """This group's calls over one connection per rank, for a caller on an asyncio
+        loop (:class:`single_controller.ray.socket_channel.SocketChannel`), connected now
+        (blocking). The group's shutdown closes it."""
+        from single_controller.ray.socket_channel import SocketChannel
+
+        channel = SocketChannel(self, connect_timeout_s).open()
+        self._shared["channel"] = channel
+        return channel
+
     def compile(self) -> Any:
         """This group's methods run through a Ray Compiled Graph (see
         :class:`single_controller.ray.compiled.CompiledWorkerGroup`), one graph per set

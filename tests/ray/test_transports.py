@@ -1,5 +1,5 @@
-"""The two transports to the ranks (``transport: tasks`` and ``transport: compiled``) under
-the same assertions, on the session's Ray cluster, with the controller in this process
+"""The three transports to the ranks (``transport: tasks``, ``socket`` and ``compiled``)
+under the same assertions, on the session's Ray cluster, with the controller in this process
 and its state in a SQLite file: the dispatch modes answer alike, a method that raises is
 undone, calls keep one order on every rank under concurrent load, snapshots see exactly
 the acknowledged calls, and a rank killed under load loses nothing acknowledged."""
@@ -19,6 +19,7 @@ from hybridflow.control.controller import GroupController
 from hybridflow.control.placement import GpuBudget, plan_deployment
 from hybridflow.control.transport import resolve_transports
 from single_controller.ray.graph_channel import GraphChannel
+from single_controller.ray.socket_channel import SocketChannel
 
 COUNTER = "tests.ray.fault_workers:Counter"
 ACTOR = "examples.transport_check:TransportCheckActor"
@@ -41,7 +42,7 @@ def run(loop, coro, timeout: float = 120):
     return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=timeout)
 
 
-@pytest.fixture(scope="module", params=["tasks", "compiled"])
+@pytest.fixture(scope="module", params=["tasks", "socket", "compiled"])
 def served(request, ray_cluster, loop, tmp_path_factory):
     transport = request.param
     config = load_config(args(transport, str(tmp_path_factory.mktemp(transport) / "state.db")))
@@ -79,6 +80,7 @@ def test_the_group_takes_the_transport_it_declares(served):
     for name, state in controller.groups.items():
         assert state.transport == transport
         assert isinstance(state.channel, GraphChannel) == (transport == "compiled"), name
+        assert isinstance(state.channel, SocketChannel) == (transport == "socket"), name
         assert controller._summary(state).transport == transport
 
 
@@ -102,7 +104,7 @@ def test_a_mutating_call_that_raised_is_undone(served, loop):
     wait_ready(controller, group)
     assert value(loop, controller, group) == before
     assert controller.groups[group].transport == transport  # rebuilt on the same transport
-    assert (controller.groups[group].channel is not None) == (transport == "compiled")
+    assert (controller.groups[group].channel is not None) == (transport != "tasks")
 
 
 async def _concurrent_adds(controller, group: str, count: int) -> list:
@@ -158,29 +160,30 @@ def test_a_rank_killed_under_load_loses_nothing_acknowledged(served, loop):
     assert state.unit.rebuilds >= 1
 
 
-def test_compiled_is_refused_where_a_graph_cannot_carry_every_call():
+@pytest.mark.parametrize("transport", ["compiled", "socket"])
+def test_a_channel_is_refused_where_it_cannot_carry_every_call(transport):
     base = {"name": "d", "groups": [
         {"name": "plain", "worker": "single_controller.models.tutorial_workers:Accumulator", "plain_actor": True,
-         "transport": "compiled"},
-        {"name": "a", "worker": COUNTER, "pool": {"process_on_nodes": [2]}, "transport": "compiled",
+         "transport": transport},
+        {"name": "a", "worker": COUNTER, "pool": {"process_on_nodes": [2]}, "transport": transport,
          "colocate_with": ["b"]},
         {"name": "b", "worker": COUNTER, "pool": {"same_as": "a"}},
     ]}
     with pytest.raises(ConfigError) as refused:
         load_config({"deployments": [base]}, check_workers=False)
     text = str(refused.value)
-    assert "groups[plain].transport: compiled is refused: a plain actor" in text
-    assert "groups[a].transport: compiled is refused: its processes are shared with colocated groups" in text
+    assert f"groups[plain].transport: {transport} is refused: a plain actor" in text
+    assert f"groups[a].transport: {transport} is refused: its processes are shared with colocated groups" in text
 
 
-def test_auto_never_polls_on_a_small_machine_and_shares_a_large_one():
+def test_auto_takes_the_socket_channel_where_a_group_can_and_never_the_polling_graph():
     config = load_config({"deployments": [{"name": "d", "groups": [
         {"name": "one", "worker": COUNTER, "pool": {"process_on_nodes": [4]}},
-        {"name": "two", "worker": COUNTER, "pool": {"process_on_nodes": [4]}},
+        {"name": "two", "worker": COUNTER, "pool": {"process_on_nodes": [4]}, "colocate_with": ["three"]},
+        {"name": "three", "worker": COUNTER, "pool": {"same_as": "two"}},
+        {"name": "plain", "worker": "single_controller.models.tutorial_workers:Accumulator", "plain_actor": True},
         {"name": "fixed", "worker": COUNTER, "pool": {"process_on_nodes": [2]}, "transport": "tasks"},
+        {"name": "graph", "worker": COUNTER, "pool": {"process_on_nodes": [2]}, "transport": "compiled"},
     ]}]}, check_workers=False)
-    sizes = {"one": 4, "two": 4, "fixed": 2}
-    assert resolve_transports(config.deployments, sizes, 2) == {"one": "tasks", "two": "tasks", "fixed": "tasks"}
-    assert resolve_transports(config.deployments, sizes, 8) == {"one": "compiled", "two": "tasks", "fixed": "tasks"}
-    assert resolve_transports(config.deployments, sizes, 16) == {
-        "one": "compiled", "two": "compiled", "fixed": "tasks"}
+    assert resolve_transports(config.deployments) == {
+        "one": "socket", "two": "tasks", "three": "tasks", "plain": "tasks", "fixed": "tasks", "graph": "compiled"}
