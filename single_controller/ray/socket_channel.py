@@ -28,19 +28,21 @@ and its ranks, never a client's bytes.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import pickle
 import secrets
 import socket
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
 
 from single_controller.base.step_socket import HEADER, TOKEN_BYTES, frame
 from single_controller.base.worker_group import PendingCall, split_per_rank
+from single_controller.base.worker_methods import user_class
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +83,27 @@ class SocketChannel:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed: BaseException | None = None
         self._lock = threading.Lock()
+        self._signatures: dict[str, inspect.Signature | None] = {}
 
     @property
     def world_size(self) -> int:
         return self.group.world_size
+
+    def _signature(self, method: str) -> inspect.Signature | None:
+        """The worker method's parameters (``self`` left out), as Ray checks a task's
+        arguments against them before it sends anything; None where the class does not
+        say (the rank answers for itself)."""
+        if method not in self._signatures:
+            cls = self.group.ray_cls_with_init.cls if self.group.ray_cls_with_init is not None else None
+            function = getattr(user_class(cls), method, None) if cls is not None else None
+            try:
+                signature = inspect.signature(function) if callable(function) else None
+            except (TypeError, ValueError):  # a builtin without one
+                signature = None
+            if signature is not None:
+                signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+            self._signatures[method] = signature
+        return self._signatures[method]
 
     def open(self) -> SocketChannel:
         """Connect to every rank (blocking). Calls already submitted to the group as
@@ -133,7 +152,7 @@ class SocketChannel:
         if loop is None:
             loop = asyncio.get_running_loop()
             self.attach(loop)
-        frames = _frames(steps)
+        frames = _frames(steps, self._signature)
         futures = [loop.create_future() for _ in steps]
         if _running_loop() is loop:
             self._post(frames, futures, steps)
@@ -274,9 +293,10 @@ class SocketChannel:
             self._close(why)
 
 
-def _frames(steps: list[Step]) -> list[bytes | None]:
-    """Each rank's frame; ranks given the very same arguments (a broadcast) share one
-    pickling."""
+def _frames(steps: list[Step], signature: Callable[[str], inspect.Signature | None]) -> list[bytes | None]:
+    """Each rank's frame, its arguments first checked against ``signature(method)`` (a
+    ``TypeError`` naming the mismatch, with nothing sent); ranks given the very same
+    arguments (a broadcast) share one check and one pickling."""
     made: dict[tuple, bytes] = {}
     frames: list[bytes | None] = []
     for step in steps:
@@ -286,6 +306,9 @@ def _frames(steps: list[Step]) -> list[bytes | None]:
         method, args, kwargs = step
         key = (method, tuple(map(id, args)), tuple((name, id(value)) for name, value in kwargs.items()))
         if key not in made:
+            parameters = signature(method)
+            if parameters is not None:
+                parameters.bind(*args, **kwargs)
             made[key] = frame(step)
         frames.append(made[key])
     return frames

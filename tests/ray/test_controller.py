@@ -10,7 +10,6 @@ import os
 import time
 
 import pytest
-import ray
 import torch
 
 from hybridflow.config import load_config
@@ -20,6 +19,7 @@ from hybridflow.control.controller import GroupController
 from hybridflow.control.placement import GpuBudget, plan_deployment
 from hybridflow.state.codec import decode_call
 from tests.mlp_reference import assert_close, checkpoint_mlp, write_llama_mlp_checkpoint
+from tests.ray.conftest import kill_rank
 
 WORKERS = "single_controller.models.tutorial_workers"
 HIDDEN, FFN = 64, 128
@@ -29,8 +29,11 @@ def deployment_args(checkpoint: str) -> dict:
     return {"deployments": [{
         "name": "checks",
         "groups": [
+            # on Ray tasks: a call whose argument Ray cannot serialise for one rank reaches
+            # the ranks before it only (a socket channel pickles every rank's frame first;
+            # test_transports runs the same calls on every transport)
             {"name": "acc", "worker": f"{WORKERS}:GPUAccumulator", "pool": {"process_on_nodes": [4], "name_prefix": "acc"},
-             "read_only": ["get_value"]},
+             "read_only": ["get_value"], "transport": "tasks"},
             # foo_custom is mutating here: its journal entries must survive the dispatch
             {"name": "actor", "worker": "examples.transport_check:TransportCheckActor", "init_kwargs": {"x": 2},
              "pool": {"process_on_nodes": [4], "name_prefix": "actor"}, "read_only": ["foo", "history"]},
@@ -212,7 +215,7 @@ def test_a_rebuilt_layer_reads_the_same_checkpoint_slices(loop, controller, chec
 
     state = controller.groups["mlp"]
     rebuilds = state.unit.rebuilds
-    ray.kill(state.group._workers[1], no_restart=True)
+    kill_rank(state.group._workers[1])
     answer = call(loop, controller, "mlp", "run_layer", [x])  # the dead rank fails it: the rebuild starts
     assert not answer.ok and answer.error.kind is ErrorKind.UNAVAILABLE, answer.error
     wait_ready(controller, "mlp", timeout_s=120)

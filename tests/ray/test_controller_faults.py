@@ -21,6 +21,7 @@ from hybridflow.control.contract import CallRequest, ErrorKind
 from hybridflow.control.controller import GroupController
 from hybridflow.control.placement import GpuBudget, plan_deployment
 from hybridflow_client.wire.limits import MAX_DEPTH
+from tests.ray.conftest import kill_rank
 
 COUNTER = "tests.ray.fault_workers:Counter"
 EVERY = 5
@@ -83,9 +84,9 @@ def wait_status(controller, group_name: str, status: str, timeout_s: float = 120
 
 def kill_a_worker(controller, group_name: str) -> None:
     worker = controller.groups[group_name].group._workers[1]
-    ray.kill(worker, no_restart=True)
+    kill_rank(worker)
     # ray.kill only asks the GCS; until the kill reaches the process, calls still reach the
-    # actor and succeed. Poll until Ray reports it dead.
+    # actor and succeed. Poll until Ray reports it dead too.
     deadline = time.monotonic() + 60
     while True:
         try:

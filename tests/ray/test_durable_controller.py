@@ -32,6 +32,7 @@ from hybridflow.config import StateConfig, load_config
 from hybridflow.control.contract import CallRequest, CallResult
 from hybridflow.control.durability import GroupDurability
 from hybridflow.state.backends import open_store
+from tests.ray.conftest import kill_rank
 from tests.redis_server import start_redis
 
 GPU_ACCUMULATOR = {
@@ -216,8 +217,8 @@ def test_after_5000_adds_a_killed_worker_is_replaced_within_10s_from_a_snapshot(
     assert len(open_store(state["path"]).load(SCOPE).entries) <= every
     assert replica.summary()["journal"] <= every
 
-    ray.kill(ray.get_actor(replica.summary()["workers"][1]), no_restart=True)
     killed = time.monotonic()
+    kill_rank(ray.get_actor(replica.summary()["workers"][1]))
     assert replica.call("add", ADD).error.kind.value == "unavailable"  # noticed at once
     # checking (the failed call's ping of the ranks), then rebuilding, then ready
     while (summary := replica.summary())["status"] != "ready" or summary["rebuilds"] < 1:

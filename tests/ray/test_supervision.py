@@ -20,6 +20,7 @@ from hybridflow.control.builder import PoolSet, units
 from hybridflow.control.contract import CallRequest, ErrorKind
 from hybridflow.control.controller import GroupController
 from hybridflow.control.placement import GpuBudget, plan_deployment
+from tests.ray.conftest import kill_rank
 
 TALLY = "examples.independent_workers:Tally"
 READ_ONLY = ["contents", "identity"]
@@ -92,7 +93,7 @@ def events_after(controller, since: int, group: str) -> list:
 
 
 def kill(worker) -> None:
-    ray.kill(worker, no_restart=True)
+    kill_rank(worker)
     deadline = time.monotonic() + 60
     while True:  # until Ray reports it dead (the kill reaches the process a moment later)
         try:
@@ -129,7 +130,7 @@ def test_a_rank_lost_under_concurrent_calls_is_replaced_alone(loop, controller):
             if index % 9 == 0:
                 calls.append(asyncio.ensure_future(controller.call(CallRequest("replaced", "note", [f"n{index}"]))))
             if index == 12:
-                await asyncio.to_thread(ray.kill, victim, no_restart=True)
+                await asyncio.to_thread(kill_rank, victim)  # the calls go on meanwhile
             await asyncio.sleep(0.02)
         return await asyncio.gather(*calls)
 

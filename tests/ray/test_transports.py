@@ -20,6 +20,7 @@ from hybridflow.control.placement import GpuBudget, plan_deployment
 from hybridflow.control.transport import resolve_transports
 from single_controller.ray.graph_channel import GraphChannel
 from single_controller.ray.socket_channel import SocketChannel
+from tests.ray.conftest import process_running
 
 COUNTER = "tests.ray.fault_workers:Counter"
 ACTOR = "examples.transport_check:TransportCheckActor"
@@ -143,10 +144,13 @@ def test_a_rank_killed_under_load_loses_nothing_acknowledged(served, loop):
     state = controller.groups[group]
     before = value(loop, controller, group)
 
+    victim = state.group.workers[1]
+    pid = ray.get(victim._get_rank_info.remote())["pid"]
+
     async def load_and_kill() -> list:
         calls = [asyncio.ensure_future(controller.call(CallRequest(group, "add", [1]))) for _ in range(30)]
         await asyncio.sleep(0.05)
-        ray.kill(state.group.workers[1], no_restart=True)
+        ray.kill(victim, no_restart=True)
         more = [asyncio.ensure_future(controller.call(CallRequest(group, "add", [1]))) for _ in range(10)]
         return await asyncio.gather(*calls, *more)
 
@@ -154,9 +158,19 @@ def test_a_rank_killed_under_load_loses_nothing_acknowledged(served, loop):
     acknowledged = sum(1 for answer in answers if answer.ok)
     failed = [answer.error.kind for answer in answers if not answer.ok]
     assert set(failed) <= {ErrorKind.UNAVAILABLE}, failed
-    wait_ready(controller, group)
+    # The rank answers until its process exits (a socket channel still reaches it after Ray
+    # calls it dead): read the total as a client would, retrying while the group recovers.
+    deadline = time.monotonic() + 180
+    while True:
+        wait_ready(controller, group)
+        read = call(loop, controller, group, "get")
+        if read.ok and not process_running(pid):
+            break
+        assert read.ok or read.error.kind is ErrorKind.UNAVAILABLE, read.error
+        assert time.monotonic() < deadline, f"no total read after the kill: {read.error}"
+        time.sleep(0.2)
     # exactly the acknowledged calls, on every rank: none lost, none half-applied
-    assert value(loop, controller, group) == [v + acknowledged for v in before]
+    assert read.output == [v + acknowledged for v in before]
     assert state.unit.rebuilds >= 1
 
 

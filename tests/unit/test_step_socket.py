@@ -126,7 +126,19 @@ def test_a_token_of_the_wrong_size_is_refused():
 def test_ranks_given_the_same_arguments_share_one_pickling_and_others_get_their_own():
     big, other = list(range(1000)), list(range(1000))
     broadcast = [("add", (big,), {"scale": 2})] * 2 + [("add", (big,), {"scale": 2}), None, ("add", (other,), {})]
-    frames = _frames(broadcast)
+    frames = _frames(broadcast, lambda method: None)
     assert frames[0] is frames[1] is frames[2] and frames[3] is None
     assert frames[4] is not frames[0] and frames[4] == frame(("add", (other,), {}))
     assert pickle.loads(frames[0][HEADER.size:]) == ("add", (big,), {"scale": 2})
+
+
+def test_arguments_that_do_not_fit_the_method_are_refused_before_anything_is_pickled():
+    import inspect
+
+    def add(x, scale=1):
+        return x * scale
+
+    signature = inspect.signature(add)
+    assert _frames([("add", (1,), {"scale": 2})] * 2, lambda method: signature)[0] is not None
+    with pytest.raises(TypeError, match="blocking"):
+        _frames([("add", (1,), {"blocking": False})], lambda method: signature)
