@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 
 import pytest
 
@@ -35,11 +36,32 @@ def ray_cluster():
             namespace="single_controller_tests",
         )
     yield ray
-    # Garbage holding Ray handles is collected while Ray is up; what is left stays: a
-    # handle's destructor run by a collection after shutdown ends the process (exit 1).
-    gc.collect()
+    # Ray ends the process (exit 1, nothing printed) when any thread touches it after
+    # ray.shutdown(): a handle's destructor, or a start thread a controller left running
+    # on a call that only returns at shutdown. So the cluster stays up until pytest has
+    # written its report and summary, and goes down last (pytest_unconfigure).
+    _SESSION_CLUSTER.append(ray)
+
+
+#: The session's Ray cluster, shut down by pytest_unconfigure.
+_SESSION_CLUSTER: list = []
+_EXIT_STATUS: list[int] = []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _EXIT_STATUS.append(int(exitstatus))
+
+
+def pytest_unconfigure(config):
+    if not _SESSION_CLUSTER:
+        return
+    ray = _SESSION_CLUSTER.pop()
+    gc.collect()  # garbage holding Ray handles goes while Ray is up
     ray.shutdown()
-    gc.freeze()
+    # Nothing may touch Ray from here: end the process with pytest's own status at once.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_EXIT_STATUS[-1] if _EXIT_STATUS else 0)
 
 
 @pytest.fixture

@@ -117,7 +117,7 @@ def _serve(conn: socket.socket, execute: Callable[[Any], Any]) -> None:
             body = _read_exactly(conn, HEADER.unpack(header)[0])
             if body is None:
                 return
-            step = pickle.loads(body)
-            conn.sendall(answer_frame(lambda step=step: execute(step)))
+            # a step that does not unpickle here is answered as the method's error
+            conn.sendall(answer_frame(lambda body=body: execute(pickle.loads(body))))
         except OSError:  # the owner went away
             return

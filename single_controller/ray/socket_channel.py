@@ -241,7 +241,7 @@ class SocketChannel:
             if len(end.received) < HEADER.size + size:
                 break
             with memoryview(end.received) as view:  # released before the bytes go
-                ok, value = pickle.loads(view[HEADER.size:HEADER.size + size])
+                ok, value = _answer(view[HEADER.size:HEADER.size + size])
             del end.received[:HEADER.size + size]
             future, method = end.waiting.popleft()
             if future.done():  # its caller gave up on it
@@ -326,6 +326,15 @@ def _still_needed(received: bytearray) -> int:
     if len(received) < HEADER.size:
         return 0
     return HEADER.size + HEADER.unpack_from(received)[0] - len(received)
+
+
+def _answer(payload: memoryview) -> tuple[bool, Any]:
+    """A rank's answer frame: ``(True, value)`` or ``(False, (exception, traceback))``; one
+    that does not unpickle here (a class this process cannot import) is the method's error."""
+    try:
+        return pickle.loads(payload)
+    except Exception as exc:
+        return False, (RuntimeError(f"the rank's answer does not unpickle here: {type(exc).__name__}: {exc}"), "")
 
 
 def _raised(method: str, exc: BaseException, text: str) -> BaseException:

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from single_controller.base.step_socket import HEADER, TOKEN_BYTES, frame, serve_steps
-from single_controller.ray.socket_channel import _frames
+from single_controller.ray.socket_channel import _answer, _frames
 
 TOKEN = bytes(range(TOKEN_BYTES))
 
@@ -142,3 +142,19 @@ def test_arguments_that_do_not_fit_the_method_are_refused_before_anything_is_pic
     assert _frames([("add", (1,), {"scale": 2})] * 2, lambda method: signature)[0] is not None
     with pytest.raises(TypeError, match="blocking"):
         _frames([("add", (1,), {"blocking": False})], lambda method: signature)
+
+
+def test_a_step_that_does_not_unpickle_on_the_rank_is_answered_as_its_error():
+    sock = connect(serve_steps("127.0.0.1", TOKEN, Rank().execute))
+    with sock:
+        body = pickle.dumps(("add", (1,), {}))
+        broken = body.replace(b"builtins", b"nowhere_", 1) if b"builtins" in body else b"\x80\x05not a pickle."
+        sock.sendall(HEADER.pack(len(broken)) + broken)
+        ok, (exc, _text) = read_frame(sock)
+        assert not ok and isinstance(exc, Exception)
+        assert call(sock, "add", 2) == (True, 2)  # the connection goes on
+
+
+def test_an_answer_that_does_not_unpickle_here_is_the_methods_error():
+    ok, (exc, text) = _answer(memoryview(b"\x80\x05garbage"))
+    assert not ok and isinstance(exc, RuntimeError) and "does not unpickle here" in str(exc) and text == ""
