@@ -28,19 +28,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
 from ray.experimental.channel.common import CompiledDAGArgs
 
-from single_controller.base.worker_group import PendingCall, split_per_rank
+from single_controller.ray.step_channel import Step, StepChannel
 
 logger = logging.getLogger(__name__)
 
-#: One rank's step: ``(method, args, kwargs)``, or None where the call does not run.
-Step = tuple[str, tuple, dict] | None
 
 
 class GraphClosed(ray.exceptions.RayError):
@@ -48,7 +45,7 @@ class GraphClosed(ray.exceptions.RayError):
     worker, the group needs a new one."""
 
 
-class GraphChannel:
+class GraphChannel(StepChannel):
     """``group``'s calls over one compiled graph; ``max_inflight`` calls at once (later
     ones wait for a slot, in order)."""
 
@@ -70,10 +67,6 @@ class GraphChannel:
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graph-read")
 
     @property
-    def world_size(self) -> int:
-        return self.group.world_size
-
-    @property
     def compiled(self) -> bool:
         return self._graph is not None and self._closed is None
 
@@ -92,20 +85,6 @@ class GraphChannel:
         return self
 
     # -- calls ------------------------------------------------------------------------------
-    def submit(self, method: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> PendingCall:
-        """``group.submit`` over the graph: the method's registered dispatch and collect."""
-        return self.group.submit(method, args, kwargs, channel=self)
-
-    def execute_all_async(self, method: str, *args: Any, **kwargs: Any) -> list[asyncio.Future]:
-        """Every rank, verl's execute_all rule for lists of world_size items."""
-        name = self.group._method_prefix + method
-        return self._send([(name, a, k) for a, k in split_per_rank(method, self.world_size, args, kwargs)])
-
-    def execute_rank_zero_async(self, method: str, *args: Any, **kwargs: Any) -> asyncio.Future:
-        steps: list[Step] = [None] * self.world_size
-        steps[0] = (self.group._method_prefix + method, args, kwargs)
-        return self._send(steps)[0]
-
     def _send(self, steps: list[Step]) -> list[asyncio.Future]:
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in steps]

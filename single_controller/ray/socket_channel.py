@@ -35,19 +35,17 @@ import secrets
 import socket
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import ray
 
 from single_controller.base.step_socket import HEADER, TOKEN_BYTES, frame
-from single_controller.base.worker_group import PendingCall, split_per_rank
 from single_controller.base.worker_methods import user_class
+from single_controller.ray.step_channel import Step, StepChannel
 
 logger = logging.getLogger(__name__)
 
-#: One rank's step: ``(method, args, kwargs)``, or None where the call does not run.
-Step = tuple[str, tuple, dict] | None
 #: Bytes read from a connection at a time (at least).
 READ_CHUNK = 1 << 18
 
@@ -68,7 +66,7 @@ class _RankEnd:
         self.waiting: deque[tuple[asyncio.Future, str]] = deque()
 
 
-class SocketChannel:
+class SocketChannel(StepChannel):
     """``group``'s calls over one connection per rank; ``connect_timeout_s`` bounds
     :meth:`open`."""
 
@@ -84,10 +82,6 @@ class SocketChannel:
         self._closed: BaseException | None = None
         self._lock = threading.Lock()
         self._signatures: dict[str, inspect.Signature | None] = {}
-
-    @property
-    def world_size(self) -> int:
-        return self.group.world_size
 
     def _signature(self, method: str) -> inspect.Signature | None:
         """The worker method's parameters (``self`` left out), as Ray checks a task's
@@ -130,20 +124,6 @@ class SocketChannel:
         return self
 
     # -- calls ------------------------------------------------------------------------------
-    def submit(self, method: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> PendingCall:
-        """``group.submit`` over the channel: the method's registered dispatch and collect."""
-        return self.group.submit(method, args, kwargs, channel=self)
-
-    def execute_all_async(self, method: str, *args: Any, **kwargs: Any) -> list[asyncio.Future]:
-        """Every rank, verl's execute_all rule for lists of world_size items."""
-        name = self.group._method_prefix + method
-        return self._send([(name, a, k) for a, k in split_per_rank(method, self.world_size, args, kwargs)])
-
-    def execute_rank_zero_async(self, method: str, *args: Any, **kwargs: Any) -> asyncio.Future:
-        steps: list[Step] = [None] * self.world_size
-        steps[0] = (self.group._method_prefix + method, args, kwargs)
-        return self._send(steps)[0]
-
     def _send(self, steps: list[Step]) -> list[asyncio.Future]:
         """Every rank's frame, pickled in the calling thread (raising, with nothing sent,
         where an argument does not pickle), then written on the channel's loop: at once
