@@ -58,8 +58,8 @@ def hopeless(exc: BaseException) -> bool:
 
 
 def as_asyncio(refs: list[Any]) -> list[asyncio.Future]:
-    """Ray futures as asyncio futures of the running loop (a compiled graph's channel
-    answers asyncio futures already)."""
+    """Ray futures as asyncio futures of the running loop (a channel answers asyncio
+    futures already)."""
     return [ref if isinstance(ref, asyncio.Future) else asyncio.wrap_future(ref.future()) for ref in refs]
 
 
@@ -119,7 +119,8 @@ class GroupState:
     @property
     def caller(self) -> Any:
         """What takes the running group's calls that read or change its ranks' state: its
-        compiled graph's channel, or the group itself (a Ray task per rank)."""
+        channel (a socket channel or a compiled graph's), or the group itself (a Ray task
+        per rank)."""
         return self.channel if self.channel is not None else self.group
 
     @property

@@ -69,7 +69,7 @@ class _Tally:
             self.done.set_result(self.outcomes)  # type: ignore[arg-type]
 
     def watch(self, rank: int, future: Any) -> None:
-        if isinstance(future, asyncio.Future):  # a compiled graph's channel answers on the loop
+        if isinstance(future, asyncio.Future):  # a channel's answer (socket or compiled graph), on the loop
             future.add_done_callback(lambda f: self.arrived(rank, _outcome_of_future(f), True))
         else:
             future._on_completed(lambda result: self.arrived(rank, outcome_of(result), False))
@@ -85,7 +85,7 @@ def _outcome_of_future(future: asyncio.Future) -> Outcome:
 async def rank_outcomes(futures: list[Any], timeout_s: float | None) -> list[Outcome] | None:
     """Each rank's outcome in rank order once every rank answered, or None when some had
     not answered within ``timeout_s`` seconds (they are left running). ``futures``: Ray
-    ObjectRefs, or asyncio futures of the running loop (a compiled graph's)."""
+    ObjectRefs, or asyncio futures of the running loop (a channel's: socket or compiled graph)."""
     if not futures:
         return []
     tally = _Tally(asyncio.get_running_loop(), list(futures))
